@@ -1,0 +1,68 @@
+"""What one attempt of a function run returns to the executor.
+
+Runners (WASM, JS) are synchronous and run in worker threads; they return one of
+these values and never raise for guest faults. The executor (not the runner) maps an
+outcome to an event with the retry rules of the state machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+LogLevel = Literal["trace", "debug", "info", "warn", "error"]
+LogStream = Literal["log", "stdout", "stderr"]
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line the guest logged (`obelisk:log`, `console.*`) or printed."""
+
+    level: LogLevel
+    message: str
+    stream: LogStream = "log"
+
+
+#: Called from the worker thread for every line as it is produced.
+LogSink = Callable[[LogLine], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunOk:
+    """The function returned `ok(value)`; `value` is §9.2 JSON (None for `ok` without payload)."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RunErr:
+    """The function returned `err(value)`.
+
+    `permanent` is true when the err value is a variant case whose name contains
+    "permanent" (such errors are not retried).
+    """
+
+    value: Any
+    permanent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunTrap:
+    """The guest trapped, threw where it may not, or could not be instantiated."""
+
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunTimedOut:
+    """The deadline passed before the guest returned (it was interrupted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunCancelled:
+    """The run was interrupted because cancellation was requested."""
+
+
+RunOutcome = RunOk | RunErr | RunTrap | RunTimedOut | RunCancelled
