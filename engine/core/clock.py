@@ -1,0 +1,51 @@
+"""Time, injectable: the engine never calls `datetime.now()` directly."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep `seconds` of this clock's time (a manual clock wakes on `advance`)."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class ManualClock:
+    """A clock for tests: time moves only when the test calls `advance`."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        self._changed = asyncio.Condition()
+
+    def now(self) -> datetime:
+        return self._now
+
+    async def advance(self, seconds: float) -> None:
+        self._now += timedelta(seconds=seconds)
+        async with self._changed:
+            self._changed.notify_all()
+        # Let tasks woken by the new time run before the test continues.
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    async def sleep(self, seconds: float) -> None:
+        deadline = self._now + timedelta(seconds=seconds)
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._now >= deadline)
+
+
+def utc(dt: datetime) -> datetime:
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)

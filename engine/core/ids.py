@@ -1,0 +1,172 @@
+"""Identifiers (SPEC §2): execution ids, join set ids, delay ids, executor/run ids.
+
+Child execution ids and delay ids are derived from the parent's id, the join set and a
+per-join-set counter, never random, so that replay reproduces them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from ulid import ULID
+
+_ULID_RE = r"[0-9A-HJKMNP-TV-Z]{26}"
+_NAME_RE = r"[A-Za-z0-9-]+"  # join set names: no '.', '_' or ':' so ids stay parseable
+_JOIN_SET_RE = re.compile(rf"^(?P<kind>[ogn]):(?P<name>{_NAME_RE})$")
+_TOP_LEVEL_RE = re.compile(rf"^E_(?P<ulid>{_ULID_RE})$")
+_SEGMENT_RE = re.compile(rf"^(?P<kind>[ogn]):(?P<name>{_NAME_RE})_(?P<n>[1-9][0-9]*)$")
+
+
+class IdError(ValueError):
+    """An identifier that does not follow the formats of SPEC §2."""
+
+
+JoinSetKind = Literal["o", "g", "n"]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class JoinSetId:
+    """`o:1-step` (one-off), `g:2` (generated), `n:checkout` (named)."""
+
+    kind: JoinSetKind
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    @staticmethod
+    def parse(text: str) -> JoinSetId:
+        m = _JOIN_SET_RE.match(text)
+        if not m:
+            raise IdError(f"invalid join set id {text!r}: expected o:NAME, g:NAME or n:NAME")
+        kind: JoinSetKind = m["kind"]  # type: ignore[assignment]
+        return JoinSetId(kind, m["name"])
+
+    @staticmethod
+    def validate_name(name: str) -> str:
+        if not re.fullmatch(_NAME_RE, name):
+            raise IdError(
+                f"invalid join set name {name!r}: use letters, digits and '-' only"
+            )
+        return name
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionId:
+    """A top-level id (`E_<ULID>`) or a derived child id (`<parent>.<join set>_<n>`)."""
+
+    ulid: str
+    path: tuple[tuple[JoinSetId, int], ...] = ()
+
+    @staticmethod
+    def generate() -> ExecutionId:
+        return ExecutionId(str(ULID()))
+
+    @staticmethod
+    def from_ulid(ulid: ULID | str) -> ExecutionId:
+        return ExecutionId(str(ulid))
+
+    @staticmethod
+    def parse(text: str) -> ExecutionId:
+        head, *segments = text.split(".")
+        m = _TOP_LEVEL_RE.match(head)
+        if not m:
+            raise IdError(f"invalid execution id {text!r}: expected E_<ULID>[.<join set>_<n>…]")
+        path: list[tuple[JoinSetId, int]] = []
+        for seg in segments:
+            sm = _SEGMENT_RE.match(seg)
+            if not sm:
+                raise IdError(f"invalid execution id {text!r}: bad child segment {seg!r}")
+            kind: JoinSetKind = sm["kind"]  # type: ignore[assignment]
+            path.append((JoinSetId(kind, sm["name"]), int(sm["n"])))
+        return ExecutionId(m["ulid"], tuple(path))
+
+    def __str__(self) -> str:
+        return "E_" + self.ulid + _format_path(self.path)
+
+    @property
+    def is_top_level(self) -> bool:
+        return not self.path
+
+    def child(self, join_set: JoinSetId, n: int) -> ExecutionId:
+        """The derived id of the n-th child (n from 1) submitted into `join_set`."""
+        if n < 1:
+            raise IdError("child index starts at 1")
+        return ExecutionId(self.ulid, (*self.path, (join_set, n)))
+
+    def delay(self, join_set: JoinSetId, n: int) -> DelayId:
+        if n < 1:
+            raise IdError("delay index starts at 1")
+        return DelayId(self.ulid, (*self.path, (join_set, n)))
+
+    def parent(self) -> tuple[ExecutionId, JoinSetId] | None:
+        """The parent execution and the join set this child was submitted into."""
+        if not self.path:
+            return None
+        return ExecutionId(self.ulid, self.path[:-1]), self.path[-1][0]
+
+    def top_level(self) -> ExecutionId:
+        return ExecutionId(self.ulid)
+
+
+@dataclass(frozen=True, slots=True)
+class DelayId:
+    """`Delay_<top-level ULID><same infix as a child>`."""
+
+    ulid: str
+    path: tuple[tuple[JoinSetId, int], ...]
+
+    def __str__(self) -> str:
+        return "Delay_" + self.ulid + _format_path(self.path)
+
+    @staticmethod
+    def parse(text: str) -> DelayId:
+        if not text.startswith("Delay_"):
+            raise IdError(f"invalid delay id {text!r}: expected Delay_<ULID>.<join set>_<n>")
+        try:
+            as_exec = ExecutionId.parse("E_" + text[len("Delay_") :])
+        except IdError:
+            raise IdError(f"invalid delay id {text!r}") from None
+        if not as_exec.path:
+            raise IdError(f"invalid delay id {text!r}: missing join set segment")
+        return DelayId(as_exec.ulid, as_exec.path)
+
+    def owner(self) -> tuple[ExecutionId, JoinSetId]:
+        """The execution that requested the delay and its join set."""
+        return ExecutionId(self.ulid, self.path[:-1]), self.path[-1][0]
+
+
+def _format_path(path: tuple[tuple[JoinSetId, int], ...]) -> str:
+    return "".join(f".{js}_{n}" for js, n in path)
+
+
+def _prefixed_parse(prefix: str, text: str) -> str:
+    if not text.startswith(prefix) or not re.fullmatch(_ULID_RE, text[len(prefix) :]):
+        raise IdError(f"invalid id {text!r}: expected {prefix}<ULID>")
+    return text
+
+
+def new_executor_id() -> str:
+    return "Exr_" + str(ULID())
+
+
+def new_run_id() -> str:
+    return "Run_" + str(ULID())
+
+
+def new_deployment_id() -> str:
+    return "Dep_" + str(ULID())
+
+
+def parse_executor_id(text: str) -> str:
+    return _prefixed_parse("Exr_", text)
+
+
+def parse_run_id(text: str) -> str:
+    return _prefixed_parse("Run_", text)
+
+
+def parse_execution_id(text: str) -> ExecutionId:
+    return ExecutionId.parse(text)

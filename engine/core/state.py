@@ -1,0 +1,355 @@
+"""The pending-state machine (SPEC §4, §5.2): one pure function, no I/O.
+
+`ExecutionSummary` is the fold of an execution's log and responses in the order they were
+written. `apply_event` validates one append and returns the next summary (or raises
+`IllegalAppend`); `apply_response` records one response. Storage backends keep the
+summary as the projection row of each execution, so validating an append costs one row
+read, never a log scan. `replay` rebuilds a summary from scratch (tests, repairs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Literal
+
+import msgspec
+
+from engine.core import events as ev
+
+# ---------------------------------------------------------------------------
+# Pending states (SPEC §4.1)
+# ---------------------------------------------------------------------------
+
+
+class LockRef(msgspec.Struct, frozen=True):
+    executor_id: str
+    run_id: str
+
+
+class PendingAt(msgspec.Struct, frozen=True, tag="pending_at", tag_field="type"):
+    scheduled_at: datetime
+    last_lock: LockRef | None = None
+
+
+class Locked(msgspec.Struct, frozen=True, tag="locked", tag_field="type"):
+    executor_id: str
+    run_id: str
+    lock_expires_at: datetime
+
+
+class BlockedByJoinSet(msgspec.Struct, frozen=True, tag="blocked_by_join_set", tag_field="type"):
+    join_set_id: str
+    lock_expires_at: datetime
+    closing: bool
+    blocked_run: LockRef | None = None
+
+
+class Finished(msgspec.Struct, frozen=True, tag="finished", tag_field="type"):
+    version: int
+    finished_at: datetime
+    result_kind: str
+
+
+Underlying = PendingAt | Locked | BlockedByJoinSet
+
+
+class Paused(msgspec.Struct, frozen=True, tag="paused", tag_field="type"):
+    underlying: PendingAt | BlockedByJoinSet
+
+
+class Cancelling(msgspec.Struct, frozen=True, tag="cancelling", tag_field="type"):
+    underlying: Underlying
+
+
+PendingState = PendingAt | Locked | BlockedByJoinSet | Paused | Cancelling | Finished
+
+StateName = Literal["pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished"]
+
+
+def state_name(state: PendingState) -> StateName:
+    return state.__struct_config__.tag  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------
+# The fold
+# ---------------------------------------------------------------------------
+
+
+class JoinSetCounters(msgspec.Struct, array_like=True):
+    """Per open join set: requests submitted, responses received, responses consumed."""
+
+    submitted: int = 0
+    received: int = 0
+    consumed: int = 0
+
+
+class ExecutionSummary(msgspec.Struct):
+    """Everything needed to validate the next append, and the current pending state."""
+
+    next_version: int
+    ffqn: str
+    component_type: ev.ComponentType
+    created_at: datetime
+    underlying: Underlying | Finished
+    paused: bool = False
+    cancelling: bool = False
+    last_lock: LockRef | None = None
+    retry_config: ev.RetryConfig | None = None
+    temporary_event_count: int = 0
+    #: A history event was written since the last `locked` (SPEC §6.3 "made progress").
+    progressed_since_lock: bool = False
+    join_sets: dict[str, JoinSetCounters] = msgspec.field(default_factory=dict)
+    #: Join sets that were created, including fully processed ones (ids must be unique).
+    join_set_count: int = 0
+    responses: int = 0
+    result: ev.ExecutionResult | None = None
+
+    @property
+    def state(self) -> PendingState:
+        u = self.underlying
+        if isinstance(u, Finished):
+            return u
+        if self.cancelling:
+            return Cancelling(u)
+        if self.paused:
+            assert not isinstance(u, Locked)
+            return Paused(u)
+        return u
+
+    @property
+    def is_finished(self) -> bool:
+        return isinstance(self.underlying, Finished)
+
+    @property
+    def is_workflow(self) -> bool:
+        return self.component_type.startswith("workflow")
+
+
+class IllegalAppend(Exception):
+    """An event that the state machine does not allow in the current state."""
+
+
+def created_summary(created: ev.Created, at: datetime) -> ExecutionSummary:
+    return ExecutionSummary(
+        next_version=1,
+        ffqn=created.ffqn,
+        component_type=created.component_id.type,
+        created_at=at,
+        underlying=PendingAt(created.scheduled_at),
+    )
+
+
+def _copy(s: ExecutionSummary) -> ExecutionSummary:
+    # join_sets is mutated by history events: copy it so the input summary stays intact.
+    return msgspec.structs.replace(
+        s,
+        join_sets={k: JoinSetCounters(v.submitted, v.received, v.consumed) for k, v in s.join_sets.items()},
+    )
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise IllegalAppend(message)
+
+
+def apply_event(
+    s: ExecutionSummary, event: ev.Event, now: datetime
+) -> ExecutionSummary:
+    """Validate `event` against `s` at time `now`; return the summary after it.
+
+    Rules (SPEC §4.2–4.3, §8): nothing after `finished`; a new lock only from a due
+    `PendingAt`; an extension only by the same executor and run; history only while
+    locked (or while cancelling, for the teardown driver); pause only of a pending or
+    blocked execution; cancellation requested once.
+    """
+    u = s.underlying
+    if isinstance(u, Finished):
+        raise IllegalAppend("the execution is finished: nothing can be appended")
+    n = _copy(s)
+    n.next_version = s.next_version + 1
+    match event:
+        case ev.Created():
+            raise IllegalAppend("created can only be the first event")
+        case ev.Locked(executor_id=exr, run_id=run, lock_expires_at=expires):
+            _require(expires > now, "lock_expires_at must be in the future")
+            lock = LockRef(exr, run)
+            same_run = s.last_lock == lock
+            if isinstance(u, Locked) and same_run and not s.paused:
+                pass  # extension of a running lock
+            elif isinstance(u, PendingAt) and same_run and u.last_lock == lock and not s.paused:
+                pass  # the warm run continues after a response
+            else:
+                _require(not s.cancelling, "a cancelling execution cannot be locked")
+                _require(not s.paused, "a paused execution cannot be locked")
+                _require(isinstance(u, PendingAt), f"cannot lock from state {state_name(s.state)}")
+                assert isinstance(u, PendingAt)
+                _require(u.scheduled_at <= now, "the execution is not due yet")
+                n.progressed_since_lock = False
+            n.underlying = Locked(exr, run, expires)
+            n.last_lock = lock
+            n.retry_config = event.retry_config
+        case ev.Unlocked(backoff_expires_at=at) | ev.TemporarilyTimedOut(backoff_expires_at=at) | ev.TemporarilyFailed(backoff_expires_at=at):
+            _require(isinstance(u, Locked), f"{event.__struct_config__.tag} needs a locked execution")
+            n.underlying = PendingAt(at, s.last_lock)
+            if not isinstance(event, ev.Unlocked):
+                n.temporary_event_count += 1
+        case ev.Finished(result=result):
+            # Normal completion from Locked; forced from any other state (stub writes,
+            # cancellation, lock expiry with retries exhausted).
+            n.underlying = Finished(s.next_version, now, ev.result_kind(result))
+            n.result = result
+            n.paused = False
+            n.cancelling = False
+            n.join_sets = {}
+        case ev.HistoryEvent(event=h):
+            _require(
+                isinstance(u, Locked) or s.cancelling,
+                f"history events need a locked execution, state is {state_name(s.state)}",
+            )
+            _apply_history(n, h, now)
+        case ev.Paused():
+            _require(not s.cancelling, "a cancelling execution cannot be paused")
+            _require(not s.paused, "the execution is already paused")
+            _require(not isinstance(u, Locked), "a locked execution cannot be paused: release its run first")
+            n.paused = True
+        case ev.Unpaused():
+            _require(s.paused, "the execution is not paused")
+            n.paused = False
+        case ev.CancellationRequested():
+            _require(not s.cancelling, "cancellation was already requested")
+            n.cancelling = True
+            n.paused = False  # cancel supersedes pause
+        case ev.ComponentUpgradeFinished():
+            pass
+        case _:
+            raise IllegalAppend(f"unknown event {event!r}")
+    return n
+
+
+def _apply_history(n: ExecutionSummary, h: ev.HistoryEventKind, now: datetime) -> None:
+    n.progressed_since_lock = True
+    match h:
+        case ev.JoinSetCreate(join_set_id=js):
+            _require(js not in n.join_sets, f"join set {js} already exists")
+            n.join_sets[js] = JoinSetCounters()
+            n.join_set_count += 1
+        case ev.JoinSetRequest(join_set_id=js):
+            c = n.join_sets.get(js)
+            _require(c is not None, f"join set {js} does not exist or is closed")
+            assert c is not None
+            c.submitted += 1
+        case ev.JoinNext(join_set_id=js, run_expires_at=run_expires_at, closing=closing):
+            c = n.join_sets.get(js)
+            _require(c is not None, f"join set {js} does not exist")
+            assert c is not None
+            _require(c.consumed < c.submitted, f"join_next on {js} with nothing left to await")
+            c.consumed += 1
+            if c.received < c.consumed:
+                blocked_run = n.last_lock
+                n.underlying = BlockedByJoinSet(js, run_expires_at, closing, blocked_run)
+        case ev.JoinNextTry(join_set_id=js, outcome=outcome):
+            c = n.join_sets.get(js)
+            _require(c is not None, f"join set {js} does not exist")
+            assert c is not None
+            if outcome == "found":
+                _require(c.received > c.consumed, f"join_next_try found on {js} without a response")
+                c.consumed += 1
+            elif outcome == "pending":
+                _require(c.received == c.consumed < c.submitted, f"join_next_try pending on {js} is wrong")
+            else:
+                _require(c.consumed == c.submitted, f"join_next_try all_processed on {js} is wrong")
+        case ev.JoinNextTooMany(join_set_id=js):
+            c = n.join_sets.get(js)
+            _require(c is None or c.consumed == c.submitted, f"join_next_too_many on {js} with requests left")
+        case ev.Persist() | ev.Schedule() | ev.Stub():
+            pass
+
+
+def apply_response(
+    s: ExecutionSummary, response: ev.Response, now: datetime
+) -> ExecutionSummary:
+    """Record a response; it unblocks the execution if it is blocked on that join set."""
+    n = _copy(s)
+    n.responses += 1
+    if s.is_finished:
+        return n  # late responses of a finished parent are kept, but change nothing
+    js = response.join_set_id
+    c = n.join_sets.get(js)
+    if c is None:
+        raise IllegalAppend(f"response for unknown join set {js}")
+    _require(c.received < c.submitted, f"more responses than requests in join set {js}")
+    c.received += 1
+    u = n.underlying
+    if isinstance(u, BlockedByJoinSet) and u.join_set_id == js and c.received >= c.consumed:
+        n.underlying = PendingAt(max(u.lock_expires_at, now), u.blocked_run)
+    return n
+
+
+def replay(
+    items: Iterable[tuple[datetime, ev.Event | ev.Response]],
+) -> ExecutionSummary:
+    """Fold a log and its responses, interleaved in write order, into a summary."""
+    it = iter(items)
+    first = next(it, None)
+    if first is None or not isinstance(first[1], ev.Created):
+        raise IllegalAppend("a log starts with created")
+    s = created_summary(first[1], first[0])
+    for at, item in it:
+        if isinstance(item, ev.ChildExecutionFinished | ev.DelayFinished):
+            s = apply_response(s, item, at)
+        else:
+            s = apply_event(s, item, at)
+    return s
+
+
+# ---------------------------------------------------------------------------
+# Retries (SPEC §5.2) and lock expiry (SPEC §6.3)
+# ---------------------------------------------------------------------------
+
+ACTIVITY_RETRY = ev.RetryConfig(max_retries=5, retry_exp_backoff_ms=100)
+WORKFLOW_RETRY = ev.RetryConfig(max_retries=None, retry_exp_backoff_ms=100)
+
+
+def retry_backoff(
+    temporary_event_count: int, retry: ev.RetryConfig, now: datetime
+) -> datetime | None:
+    """When a new temporary failure should be retried, or None when retries are exhausted.
+
+    `temporary_event_count` counts the temporary failures *including* the new one.
+    """
+    if retry.max_retries is not None and temporary_event_count > retry.max_retries:
+        return None
+    exponent = min(temporary_event_count - 1, 40)
+    return now + timedelta(milliseconds=retry.retry_exp_backoff_ms * (2**exponent))
+
+
+def on_temporary_failure(
+    s: ExecutionSummary,
+    now: datetime,
+    reason: str,
+    detail: str,
+    final: ev.ExecutionResult,
+    *,
+    timed_out: bool = False,
+) -> ev.Event:
+    """A trap, an err or a timeout of the current run: retry with backoff or finish.
+
+    `final` is the result to finish with when retries are exhausted.
+    """
+    retry = s.retry_config or (WORKFLOW_RETRY if s.is_workflow else ACTIVITY_RETRY)
+    at = retry_backoff(s.temporary_event_count + 1, retry, now)
+    if at is None:
+        return ev.Finished(final)
+    if timed_out:
+        return ev.TemporarilyTimedOut(at)
+    return ev.TemporarilyFailed(at, reason, detail)
+
+
+def on_lock_expired(s: ExecutionSummary, now: datetime) -> ev.Event:
+    """What the timers watcher appends for an execution whose lock expired."""
+    if s.is_workflow and s.progressed_since_lock:
+        return ev.Unlocked(now, "made progress")
+    return on_temporary_failure(
+        s, now, "timed out", "", ev.ExecutionFailure("timed_out", "lock expired"), timed_out=True
+    )
