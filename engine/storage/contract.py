@@ -1,0 +1,236 @@
+"""The storage contract every backend implements (SQLite now, PostgreSQL later).
+
+Operations are *logical transactions*: each either happens completely or not at all.
+Callers pass `now` explicitly so that tests drive time with a manual clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from engine.core import events as ev
+from engine.core.state import ExecutionSummary, PendingState
+from engine.workers.outcome import LogLine
+
+
+class StorageError(Exception):
+    """Base of every error a storage operation raises on purpose."""
+
+
+class NotFound(StorageError):
+    """Unknown execution (or delay) id. The message names it."""
+
+
+class Conflict(StorageError):
+    """The request contradicts the stored state (SPEC §11: 409)."""
+
+
+class VersionConflict(Conflict):
+    """An append named a version other than the next one (optimistic concurrency)."""
+
+
+class NotCancellable(StorageError):
+    """Cancellation of something that is neither an activity nor a `-cancellable` workflow."""
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    execution_id: str
+    created: ev.Created
+
+
+@dataclass(frozen=True, slots=True)
+class LockedExecution:
+    """An execution this executor now holds, with what it needs to run it."""
+
+    execution_id: str
+    ffqn: str
+    params: list[Any]
+    next_version: int
+    run_id: str
+    lock_expires_at: datetime
+    parent: tuple[str, str] | None
+    summary: ExecutionSummary
+    #: Full log and responses, only when asked for (workflows replay from them).
+    events: list[ev.StoredEvent] | None = None
+    responses: list[ev.StoredResponse] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLock:
+    execution_id: str
+    next_version: int
+    summary: ExecutionSummary
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredDelay:
+    execution_id: str
+    delay_id: str
+    join_set_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRow:
+    """One line of `list_executions` (and the status endpoint)."""
+
+    execution_id: str
+    ffqn: str
+    component_type: str
+    state: PendingState
+    created_at: datetime
+    updated_at: datetime
+    next_version: int
+    parent_id: str | None
+    scheduled_at: datetime | None
+    lock_expires_at: datetime | None
+    result: ev.ExecutionResult | None
+    temporary_event_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListFilter:
+    ffqn_prefix: str | None = None
+    states: Sequence[str] | None = None  # state names, e.g. ("pending_at", "locked")
+    hide_finished: bool = False
+    top_level_only: bool = False
+    id_prefix: str | None = None
+    limit: int = 100
+    #: Paging: return rows created strictly before this (execution_id) cursor.
+    before_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLog:
+    id: int
+    execution_id: str
+    run_id: str | None
+    created_at: datetime
+    level: str
+    stream: str
+    message: str
+
+
+@dataclass(slots=True)
+class AppendExtras:
+    """Side writes of one append, made in the same transaction."""
+
+    creates: list[CreateRequest] = field(default_factory=list)
+    logs: list[LogLine] = field(default_factory=list)
+    run_id: str | None = None
+
+
+class Storage(Protocol):
+    async def close(self) -> None: ...
+
+    # -- writes -------------------------------------------------------------
+    async def create(self, request: CreateRequest, now: datetime) -> None:
+        """Create an execution. Idempotent for the same id and params; 409 otherwise."""
+
+    async def lock_pending(
+        self,
+        *,
+        ffqns: Sequence[str],
+        batch_size: int,
+        now: datetime,
+        component_id: ev.ComponentId,
+        executor_id: str,
+        run_id: str,
+        lock_expires_at: datetime,
+        retry_config: ev.RetryConfig,
+        with_log: bool = False,
+    ) -> list[LockedExecution]:
+        """Lock up to `batch_size` due executions of `ffqns`, oldest first."""
+
+    async def append(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> ExecutionSummary:
+        """Append events at `expected_version`. A `finished` of a child also writes the
+        parent's response; child requests create the children (in `extras.creates`)."""
+
+    async def append_response(
+        self, execution_id: str, response: ev.Response, now: datetime
+    ) -> None:
+        """Write a response (a delay finished); duplicates are rejected with Conflict."""
+
+    async def append_logs(
+        self, execution_id: str, run_id: str | None, lines: Sequence[LogLine], now: datetime
+    ) -> None: ...
+
+    async def pause(self, execution_id: str, now: datetime) -> ExecutionSummary: ...
+
+    async def unpause(self, execution_id: str, now: datetime) -> ExecutionSummary: ...
+
+    async def request_cancellation(self, execution_id: str, now: datetime) -> ExecutionSummary:
+        """Cancel an activity or a `-cancellable` workflow (SPEC §8). A pending activity
+        is finished `cancelled` at once; a locked one is interrupted by its executor."""
+
+    # -- timers -------------------------------------------------------------
+    async def expired_timers(
+        self, now: datetime, limit: int = 100
+    ) -> tuple[list[ExpiredLock], list[ExpiredDelay]]: ...
+
+    async def next_timer_at(self) -> datetime | None:
+        """The earliest lock expiry, delay expiry or pending time (for sleeping watchers)."""
+
+    # -- reads --------------------------------------------------------------
+    async def get_summary(self, execution_id: str) -> ExecutionSummary: ...
+
+    async def get_created(self, execution_id: str) -> ev.Created: ...
+
+    async def get_events(
+        self, execution_id: str, from_version: int = 0, length: int | None = None
+    ) -> list[ev.StoredEvent]: ...
+
+    async def get_responses(
+        self, execution_id: str, from_cursor: int = 0
+    ) -> list[ev.StoredResponse]: ...
+
+    async def get_row(self, execution_id: str) -> ExecutionRow: ...
+
+    async def list_executions(self, flt: ListFilter) -> list[ExecutionRow]: ...
+
+    async def count_by_state(self) -> dict[str, int]: ...
+
+    async def get_logs(
+        self, execution_id: str, after_id: int = 0, limit: int = 1000
+    ) -> list[StoredLog]: ...
+
+    # -- waiting ------------------------------------------------------------
+    async def wait_for_finished(
+        self, execution_id: str, timeout: float | None = None
+    ) -> ev.ExecutionResult:
+        """The result, waiting for it without polling. TimeoutError after `timeout`."""
+
+    async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
+        """Return when an execution of one of `ffqns` may have become pending, or after
+        `timeout` seconds (other processes sharing the database do not notify)."""
+
+    def subscribe_cancellations(self) -> CancellationListener: ...
+
+    def changes(self) -> ChangeFeed: ...
+
+
+class CancellationListener(Protocol):
+    """Executors learn here that a locked execution they run is being cancelled."""
+
+    def add(self, execution_id: str, callback: Any) -> None: ...
+
+    def remove(self, execution_id: str) -> None: ...
+
+
+class ChangeFeed(Protocol):
+    """A counter bumped after each commit, for clients that refresh on change (console)."""
+
+    @property
+    def generation(self) -> int: ...
+
+    async def wait_changed(self, since: int, timeout: float) -> int: ...

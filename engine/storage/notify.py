@@ -1,0 +1,113 @@
+"""In-process wake-ups after a commit, so that nothing polls the database.
+
+A backend calls these after its transaction committed; waiters are plain asyncio
+futures/events on the engine's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from engine.core import events as ev
+
+
+class Notifier:
+    def __init__(self) -> None:
+        self._pending_waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._result_waiters: dict[str, list[asyncio.Future[ev.ExecutionResult]]] = defaultdict(
+            list
+        )
+        self._response_waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._cancel_callbacks: dict[str, Callable[[], None]] = {}
+        self._generation = 0
+        self._changed = asyncio.Event()
+
+    # -- pending work per FFQN ----------------------------------------------
+    async def wait_pending(self, ffqns: Sequence[str], timeout: float) -> None:
+        event = asyncio.Event()
+        for f in ffqns:
+            self._pending_waiters[f].add(event)
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            for f in ffqns:
+                waiters = self._pending_waiters.get(f)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._pending_waiters[f]
+
+    def pending(self, ffqn: str) -> None:
+        for event in self._pending_waiters.get(ffqn, ()):
+            event.set()
+
+    # -- results --------------------------------------------------------------
+    def result_future(self, execution_id: str) -> asyncio.Future[ev.ExecutionResult]:
+        fut: asyncio.Future[ev.ExecutionResult] = asyncio.get_running_loop().create_future()
+        self._result_waiters[execution_id].append(fut)
+        return fut
+
+    def drop_result_future(
+        self, execution_id: str, fut: asyncio.Future[ev.ExecutionResult]
+    ) -> None:
+        waiters = self._result_waiters.get(execution_id)
+        if waiters and fut in waiters:
+            waiters.remove(fut)
+            if not waiters:
+                del self._result_waiters[execution_id]
+
+    def finished(self, execution_id: str, result: ev.ExecutionResult) -> None:
+        for fut in self._result_waiters.pop(execution_id, ()):
+            if not fut.done():
+                fut.set_result(result)
+
+    # -- responses to a workflow ---------------------------------------------
+    def response_event(self, execution_id: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._response_waiters[execution_id].add(event)
+        return event
+
+    def drop_response_event(self, execution_id: str, event: asyncio.Event) -> None:
+        waiters = self._response_waiters.get(execution_id)
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
+                del self._response_waiters[execution_id]
+
+    def response(self, execution_id: str) -> None:
+        for event in self._response_waiters.get(execution_id, ()):
+            event.set()
+
+    # -- cancellation of running executions ----------------------------------
+    def add(self, execution_id: str, callback: Callable[[], None]) -> None:
+        self._cancel_callbacks[execution_id] = callback
+
+    def remove(self, execution_id: str) -> None:
+        self._cancel_callbacks.pop(execution_id, None)
+
+    def cancelled(self, execution_id: str) -> None:
+        callback = self._cancel_callbacks.get(execution_id)
+        if callback is not None:
+            callback()
+
+    # -- generic change feed ---------------------------------------------------
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def changed(self) -> None:
+        self._generation += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_changed(self, since: int, timeout: float) -> int:
+        if self._generation != since:
+            return self._generation
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        return self._generation

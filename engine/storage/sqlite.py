@@ -1,0 +1,877 @@
+"""SQLite backend: WAL, `synchronous=FULL`, group commit, in-process notifications.
+
+All writes go through one writer task. Callers enqueue *logical transactions* (plain
+functions run on the writer connection's thread); the writer drains the queue and runs
+everything queued as one physical transaction, each logical transaction inside its own
+SAVEPOINT so that a failing one is rolled back alone and cannot poison the batch. While
+one batch is being fsynced, the next one accumulates: concurrency turns into larger
+commits, not into more fsyncs. Readers use a second connection and never block writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+import msgspec
+
+from engine.core import events as ev
+from engine.core.ids import ExecutionId
+from engine.core.state import (
+    BlockedByJoinSet,
+    ExecutionSummary,
+    IllegalAppend,
+    Locked,
+    PendingAt,
+    apply_event,
+    apply_response,
+    created_summary,
+    state_name,
+)
+from engine.storage.contract import (
+    AppendExtras,
+    Conflict,
+    CreateRequest,
+    ExecutionRow,
+    ExpiredDelay,
+    ExpiredLock,
+    ListFilter,
+    LockedExecution,
+    NotCancellable,
+    NotFound,
+    StorageError,
+    StoredLog,
+    VersionConflict,
+)
+from engine.storage.notify import Notifier
+from engine.workers.outcome import LogLine
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+
+MIGRATIONS: list[str] = [
+    # 1: initial schema
+    """
+    CREATE TABLE executions (
+        execution_id TEXT PRIMARY KEY,
+        ffqn TEXT NOT NULL,
+        component_type TEXT NOT NULL,
+        parent_id TEXT,
+        state TEXT NOT NULL,
+        pending_at INTEGER,          -- set only while the state is exactly PendingAt
+        lock_expires_at INTEGER,     -- set only while the underlying state is Locked
+        next_version INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        summary BLOB NOT NULL
+    );
+    CREATE INDEX executions_due ON executions (ffqn, pending_at) WHERE pending_at IS NOT NULL;
+    CREATE INDEX executions_lock_expiry ON executions (lock_expires_at)
+        WHERE lock_expires_at IS NOT NULL;
+    CREATE INDEX executions_created ON executions (created_at DESC, execution_id DESC);
+    CREATE INDEX executions_state ON executions (state);
+    CREATE INDEX executions_parent ON executions (parent_id) WHERE parent_id IS NOT NULL;
+
+    CREATE TABLE events (
+        execution_id TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        event BLOB NOT NULL,
+        backtrace_id INTEGER,
+        PRIMARY KEY (execution_id, version)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE responses (
+        execution_id TEXT NOT NULL,
+        cursor INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        source_id TEXT NOT NULL,     -- child execution id or delay id: one response each
+        response BLOB NOT NULL,
+        PRIMARY KEY (execution_id, cursor)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX responses_source ON responses (execution_id, source_id);
+
+    CREATE TABLE delays (
+        delay_id TEXT PRIMARY KEY,
+        execution_id TEXT NOT NULL,
+        join_set_id TEXT NOT NULL,
+        expires_at INTEGER NOT NULL
+    );
+    CREATE INDEX delays_expiry ON delays (expires_at);
+
+    CREATE TABLE logs (
+        id INTEGER PRIMARY KEY,
+        execution_id TEXT NOT NULL,
+        run_id TEXT,
+        created_at INTEGER NOT NULL,
+        level TEXT NOT NULL,
+        stream TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX logs_execution ON logs (execution_id, id);
+    """,
+]
+
+_summary_decoder = msgspec.json.Decoder(ExecutionSummary)
+_created_decoder = msgspec.json.Decoder(ev.Event)
+
+
+def _us(dt: datetime) -> int:
+    return (
+        int(dt.timestamp() * 1_000_000)
+        if dt.tzinfo
+        else int(dt.replace(tzinfo=UTC).timestamp() * 1_000_000)
+    )
+
+
+def _dt(us: int) -> datetime:
+    return datetime.fromtimestamp(us / 1_000_000, UTC)
+
+
+def _function_name(ffqn: str) -> str:
+    return ffqn.rsplit(".", 1)[-1]
+
+
+def is_cancellable(summary: ExecutionSummary) -> bool:
+    """SPEC §8: activities, and workflows whose function name ends in `-cancellable`."""
+    return not summary.is_workflow or _function_name(summary.ffqn).endswith("-cancellable")
+
+
+@dataclass(slots=True)
+class _Notes:
+    """What to announce once the transaction has committed."""
+
+    pending: set[str] = field(default_factory=set)
+    finished: list[tuple[str, ev.ExecutionResult]] = field(default_factory=list)
+    responses: set[str] = field(default_factory=set)
+    cancelled: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _Tx:
+    fn: Callable[[sqlite3.Connection, _Notes], Any]
+    future: asyncio.Future[Any]
+
+
+class SqliteStorage:
+    """The embedded default backend. Open with `await SqliteStorage.open(path)`."""
+
+    def __init__(self, path: Path, writer: aiosqlite.Connection, reader: aiosqlite.Connection):
+        self.path = path
+        self._writer = writer
+        self._reader = reader
+        self._queue: asyncio.Queue[_Tx] = asyncio.Queue()
+        self.notifier = Notifier()
+        self._writer_task: asyncio.Task[None] | None = None
+        self._closed = False
+        #: Counters for benchmarks: logical transactions and physical commits.
+        self.stats = {"logical": 0, "commits": 0, "events": 0}
+
+    # -- opening ----------------------------------------------------------------
+    @classmethod
+    async def open(cls, path: str | os.PathLike[str], *, max_batch: int = 1000) -> SqliteStorage:
+        p = Path(path)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            writer = await aiosqlite.connect(p, isolation_level=None)
+        except (OSError, sqlite3.Error) as e:
+            raise StorageError(f"cannot open database {p}: {e}") from None
+        try:
+            await writer.execute("PRAGMA busy_timeout = 10000")
+            await writer.execute("PRAGMA journal_mode = WAL")
+            await writer.execute("PRAGMA synchronous = FULL")
+            await writer.execute("PRAGMA foreign_keys = OFF")
+            await writer._execute(_migrate, writer._conn, str(p))  # type: ignore[no-untyped-call]
+            reader = await aiosqlite.connect(p, isolation_level=None)
+            await reader.execute("PRAGMA busy_timeout = 10000")
+            await reader.execute("PRAGMA query_only = ON")
+        except sqlite3.Error as e:
+            await writer.close()
+            raise StorageError(f"cannot use database {p}: {e}") from None
+        except StorageError:
+            await writer.close()
+            raise
+        storage = cls(p, writer, reader)
+        storage._max_batch = max_batch
+        storage._writer_task = asyncio.create_task(storage._write_loop(), name="sqlite-writer")
+        return storage
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._writer_task is not None:
+            self._writer_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer_task
+        while not self._queue.empty():
+            tx = self._queue.get_nowait()
+            if not tx.future.done():
+                tx.future.set_exception(StorageError("storage closed"))
+        await self._reader.close()
+        await self._writer.close()
+
+    # -- group commit -------------------------------------------------------------
+    _max_batch = 1000
+
+    async def _write(self, fn: Callable[[sqlite3.Connection, _Notes], T]) -> T:
+        if self._closed:
+            raise StorageError("storage closed")
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Tx(fn, fut))
+        return await fut
+
+    async def _write_loop(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                outcomes = await self._writer._execute(  # type: ignore[no-untyped-call]
+                    _run_batch, self._writer._conn, batch
+                )
+            except Exception as e:  # the connection itself failed
+                for tx in batch:
+                    if not tx.future.done():
+                        tx.future.set_exception(StorageError(f"database write failed: {e}"))
+                continue
+            self.stats["commits"] += 1
+            self.stats["logical"] += len(batch)
+            for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
+                if ok:
+                    self._announce(notes)
+                if tx.future.done():
+                    continue
+                if ok:
+                    tx.future.set_result(value)
+                else:
+                    tx.future.set_exception(value)
+            self.notifier.changed()
+
+    def _announce(self, notes: _Notes) -> None:
+        for ffqn in notes.pending:
+            self.notifier.pending(ffqn)
+        for execution_id, result in notes.finished:
+            self.notifier.finished(execution_id, result)
+        for execution_id in notes.responses:
+            self.notifier.response(execution_id)
+        for execution_id in notes.cancelled:
+            self.notifier.cancelled(execution_id)
+
+    # -- writes -----------------------------------------------------------------------
+    async def create(self, request: CreateRequest, now: datetime) -> None:
+        await self._write(lambda c, n: _create(c, n, request, now))
+
+    async def lock_pending(
+        self,
+        *,
+        ffqns: Sequence[str],
+        batch_size: int,
+        now: datetime,
+        component_id: ev.ComponentId,
+        executor_id: str,
+        run_id: str,
+        lock_expires_at: datetime,
+        retry_config: ev.RetryConfig,
+        with_log: bool = False,
+    ) -> list[LockedExecution]:
+        locked = ev.Locked(component_id, executor_id, run_id, lock_expires_at, retry_config)
+        return await self._write(
+            lambda c, n: _lock_pending(c, n, list(ffqns), batch_size, now, locked, with_log)
+        )
+
+    async def append(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> ExecutionSummary:
+        self.stats["events"] += len(events)
+        return await self._write(
+            lambda c, n: _append(c, n, execution_id, expected_version, list(events), now, extras)
+        )
+
+    async def append_response(
+        self, execution_id: str, response: ev.Response, now: datetime
+    ) -> None:
+        await self._write(lambda c, n: _add_response(c, n, execution_id, response, now))
+
+    async def append_logs(
+        self, execution_id: str, run_id: str | None, lines: Sequence[LogLine], now: datetime
+    ) -> None:
+        if lines:
+            await self._write(lambda c, n: _insert_logs(c, execution_id, run_id, lines, now))
+
+    async def pause(self, execution_id: str, now: datetime) -> ExecutionSummary:
+        return await self._write(lambda c, n: _pause(c, n, execution_id, now))
+
+    async def unpause(self, execution_id: str, now: datetime) -> ExecutionSummary:
+        def tx(c: sqlite3.Connection, n: _Notes) -> ExecutionSummary:
+            s = _load_summary(c, execution_id)
+            if s.is_finished:
+                raise Conflict(f"execution {execution_id} is already finished")
+            if not s.paused:
+                raise Conflict(f"execution {execution_id} is not paused")
+            return _append(c, n, execution_id, s.next_version, [ev.Unpaused()], now, None)
+
+        return await self._write(tx)
+
+    async def request_cancellation(self, execution_id: str, now: datetime) -> ExecutionSummary:
+        return await self._write(lambda c, n: _cancel(c, n, execution_id, now))
+
+    # -- timers -------------------------------------------------------------------------
+    async def expired_timers(
+        self, now: datetime, limit: int = 100
+    ) -> tuple[list[ExpiredLock], list[ExpiredDelay]]:
+        t = _us(now)
+        locks = await self._reader.execute_fetchall(
+            "SELECT execution_id, summary FROM executions WHERE lock_expires_at < ? "
+            "ORDER BY lock_expires_at LIMIT ?",
+            (t, limit),
+        )
+        delays = await self._reader.execute_fetchall(
+            "SELECT delay_id, execution_id, join_set_id FROM delays WHERE expires_at <= ? "
+            "ORDER BY expires_at LIMIT ?",
+            (t, limit),
+        )
+        expired_locks = []
+        for execution_id, blob in locks:
+            s = _summary_decoder.decode(blob)
+            expired_locks.append(ExpiredLock(execution_id, s.next_version, s))
+        return expired_locks, [ExpiredDelay(e, d, j) for d, e, j in delays]
+
+    async def next_timer_at(self) -> datetime | None:
+        rows = await self._reader.execute_fetchall(
+            "SELECT min(t) FROM ("
+            " SELECT min(lock_expires_at) AS t FROM executions WHERE lock_expires_at IS NOT NULL"
+            " UNION ALL SELECT min(expires_at) FROM delays"
+            " UNION ALL SELECT min(pending_at) FROM executions WHERE pending_at IS NOT NULL)"
+        )
+        value = next(iter(rows))[0]
+        return None if value is None else _dt(value)
+
+    # -- reads -----------------------------------------------------------------------------
+    async def get_summary(self, execution_id: str) -> ExecutionSummary:
+        rows = await self._reader.execute_fetchall(
+            "SELECT summary FROM executions WHERE execution_id = ?", (execution_id,)
+        )
+        for (blob,) in rows:
+            return _summary_decoder.decode(blob)
+        raise NotFound(f"execution {execution_id} not found")
+
+    async def get_created(self, execution_id: str) -> ev.Created:
+        rows = await self._reader.execute_fetchall(
+            "SELECT event FROM events WHERE execution_id = ? AND version = 0", (execution_id,)
+        )
+        for (blob,) in rows:
+            created = ev.decode_event(blob)
+            assert isinstance(created, ev.Created)
+            return created
+        raise NotFound(f"execution {execution_id} not found")
+
+    async def get_events(
+        self, execution_id: str, from_version: int = 0, length: int | None = None
+    ) -> list[ev.StoredEvent]:
+        rows = await self._reader.execute_fetchall(
+            "SELECT version, created_at, event, backtrace_id FROM events "
+            "WHERE execution_id = ? AND version >= ? ORDER BY version LIMIT ?",
+            (execution_id, from_version, -1 if length is None else length),
+        )
+        result = [ev.StoredEvent(v, _dt(t), ev.decode_event(b), bt) for v, t, b, bt in rows]
+        if not result and from_version == 0:
+            await self.get_summary(execution_id)  # raises NotFound
+        return result
+
+    async def get_responses(
+        self, execution_id: str, from_cursor: int = 0
+    ) -> list[ev.StoredResponse]:
+        rows = await self._reader.execute_fetchall(
+            "SELECT cursor, created_at, response FROM responses "
+            "WHERE execution_id = ? AND cursor > ? ORDER BY cursor",
+            (execution_id, from_cursor),
+        )
+        return [ev.StoredResponse(c, _dt(t), ev.decode_response(b)) for c, t, b in rows]
+
+    async def get_row(self, execution_id: str) -> ExecutionRow:
+        rows = await self._reader.execute_fetchall(
+            f"SELECT {_ROW_COLUMNS} FROM executions WHERE execution_id = ?", (execution_id,)
+        )
+        for row in rows:
+            return _row(row)
+        raise NotFound(f"execution {execution_id} not found")
+
+    async def list_executions(self, flt: ListFilter) -> list[ExecutionRow]:
+        where: list[str] = []
+        args: list[Any] = []
+        if flt.ffqn_prefix:
+            where.append("ffqn >= ? AND ffqn < ?")
+            args += [flt.ffqn_prefix, flt.ffqn_prefix + "\U0010ffff"]
+        if flt.states:
+            where.append(f"state IN ({','.join('?' * len(flt.states))})")
+            args += list(flt.states)
+        if flt.hide_finished:
+            where.append("state != 'finished'")
+        if flt.top_level_only:
+            where.append("parent_id IS NULL")
+        if flt.id_prefix:
+            where.append("execution_id >= ? AND execution_id < ?")
+            args += [flt.id_prefix, flt.id_prefix + "\U0010ffff"]
+        if flt.before_id:
+            where.append(
+                "(created_at, execution_id) < (SELECT created_at, execution_id FROM executions "
+                "WHERE execution_id = ?)"
+            )
+            args.append(flt.before_id)
+        sql = f"SELECT {_ROW_COLUMNS} FROM executions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, execution_id DESC LIMIT ?"
+        args.append(flt.limit)
+        rows = await self._reader.execute_fetchall(sql, args)
+        return [_row(r) for r in rows]
+
+    async def count_by_state(self) -> dict[str, int]:
+        rows = await self._reader.execute_fetchall(
+            "SELECT state, count(*) FROM executions GROUP BY state"
+        )
+        return {state: count for state, count in rows}
+
+    async def get_logs(
+        self, execution_id: str, after_id: int = 0, limit: int = 1000
+    ) -> list[StoredLog]:
+        rows = await self._reader.execute_fetchall(
+            "SELECT id, execution_id, run_id, created_at, level, stream, message FROM logs "
+            "WHERE execution_id = ? AND id > ? ORDER BY id LIMIT ?",
+            (execution_id, after_id, limit),
+        )
+        return [StoredLog(i, e, r, _dt(t), lv, s, m) for i, e, r, t, lv, s, m in rows]
+
+    # -- waiting -----------------------------------------------------------------------------
+    async def wait_for_finished(
+        self, execution_id: str, timeout: float | None = None
+    ) -> ev.ExecutionResult:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            fut = self.notifier.result_future(execution_id)
+            try:
+                s = await self.get_summary(execution_id)
+                if s.result is not None:
+                    return s.result
+                # Other processes sharing the file do not notify us: re-check now and then.
+                wait = 1.0 if deadline is None else min(1.0, deadline - loop.time())
+                if wait <= 0:
+                    raise TimeoutError(f"execution {execution_id} did not finish in time")
+                with contextlib.suppress(TimeoutError):
+                    return await asyncio.wait_for(asyncio.shield(fut), wait)
+            finally:
+                self.notifier.drop_result_future(execution_id, fut)
+
+    async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
+        await self.notifier.wait_pending(ffqns, timeout)
+
+    def subscribe_cancellations(self) -> Notifier:
+        return self.notifier
+
+    def changes(self) -> Notifier:
+        return self.notifier
+
+
+# ---------------------------------------------------------------------------------------
+# Logical transactions: synchronous, run on the writer thread inside a SAVEPOINT.
+# ---------------------------------------------------------------------------------------
+
+
+def _migrate(conn: sqlite3.Connection, path: str) -> None:
+    (current,) = conn.execute("PRAGMA user_version").fetchone()
+    if current > SCHEMA_VERSION:
+        raise StorageError(
+            f"database {path} was created by a newer version of obelisk "
+            f"(schema {current}, this version knows up to {SCHEMA_VERSION})"
+        )
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executescript("SAVEPOINT m;" + MIGRATIONS[version - 1] + "RELEASE m;")
+            conn.execute(f"PRAGMA user_version = {version}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+
+def _run_batch(conn: sqlite3.Connection, batch: list[_Tx]) -> list[tuple[bool, Any, _Notes]]:
+    outcomes: list[tuple[bool, Any, _Notes]] = []
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for tx in batch:
+            notes = _Notes()
+            conn.execute("SAVEPOINT tx")
+            try:
+                value = tx.fn(conn, notes)
+            except Exception as e:
+                conn.execute("ROLLBACK TO tx")
+                conn.execute("RELEASE tx")
+                outcomes.append((False, _translate(e), notes))
+            else:
+                conn.execute("RELEASE tx")
+                outcomes.append((True, value, notes))
+        conn.execute("COMMIT")
+    except sqlite3.Error as e:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        if len(batch) == 1:
+            return [(False, StorageError(f"database write failed: {e}"), _Notes())]
+        # Retry each alone so that one bad transaction cannot fail the others.
+        return [o for tx in batch for o in _run_batch(conn, [tx])]
+    return outcomes
+
+
+def _translate(e: Exception) -> Exception:
+    if isinstance(e, StorageError):
+        return e
+    if isinstance(e, IllegalAppend):
+        return Conflict(str(e))
+    if isinstance(e, sqlite3.Error):
+        return StorageError(f"database error: {e}")
+    return e
+
+
+def _load_summary(conn: sqlite3.Connection, execution_id: str) -> ExecutionSummary:
+    row = conn.execute(
+        "SELECT summary FROM executions WHERE execution_id = ?", (execution_id,)
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"execution {execution_id} not found")
+    return _summary_decoder.decode(row[0])
+
+
+def _projection(s: ExecutionSummary) -> tuple[str, int | None, int | None]:
+    state = s.state
+    u = s.underlying
+    pending_at = _us(state.scheduled_at) if isinstance(state, PendingAt) else None
+    lock_expires_at = _us(u.lock_expires_at) if isinstance(u, Locked) else None
+    return state_name(state), pending_at, lock_expires_at
+
+
+def _write_summary(
+    conn: sqlite3.Connection, execution_id: str, s: ExecutionSummary, now: datetime
+) -> None:
+    state, pending_at, lock_expires_at = _projection(s)
+    conn.execute(
+        "UPDATE executions SET state = ?, pending_at = ?, lock_expires_at = ?, next_version = ?, "
+        "updated_at = ?, summary = ? WHERE execution_id = ?",
+        (state, pending_at, lock_expires_at, s.next_version, _us(now), ev.encode(s), execution_id),
+    )
+
+
+def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: datetime) -> None:
+    created = req.created
+    existing = conn.execute(
+        "SELECT event FROM events WHERE execution_id = ? AND version = 0", (req.execution_id,)
+    ).fetchone()
+    if existing is not None:
+        old = ev.decode_event(existing[0])
+        assert isinstance(old, ev.Created)
+        if old.ffqn == created.ffqn and old.params == created.params:
+            return  # idempotent re-submission
+        raise Conflict(f"execution {req.execution_id} already exists with other parameters")
+    s = created_summary(created, now)
+    state, pending_at, lock_expires_at = _projection(s)
+    parent_id = created.parent[0] if created.parent else None
+    conn.execute(
+        "INSERT INTO executions (execution_id, ffqn, component_type, parent_id, state, pending_at, "
+        "lock_expires_at, next_version, created_at, updated_at, summary) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            req.execution_id,
+            created.ffqn,
+            created.component_id.type,
+            parent_id,
+            state,
+            pending_at,
+            lock_expires_at,
+            s.next_version,
+            _us(now),
+            _us(now),
+            ev.encode(s),
+        ),
+    )
+    conn.execute(
+        "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
+        (req.execution_id, 0, _us(now), ev.encode(created)),
+    )
+    notes.pending.add(created.ffqn)
+
+
+def _lock_pending(
+    conn: sqlite3.Connection,
+    notes: _Notes,
+    ffqns: list[str],
+    batch_size: int,
+    now: datetime,
+    locked: ev.Locked,
+    with_log: bool,
+) -> list[LockedExecution]:
+    rows = conn.execute(
+        f"SELECT execution_id, summary FROM executions WHERE ffqn IN ({','.join('?' * len(ffqns))}) "
+        "AND pending_at <= ? ORDER BY pending_at LIMIT ?",
+        (*ffqns, _us(now), batch_size),
+    ).fetchall()
+    result: list[LockedExecution] = []
+    blob = ev.encode(locked)
+    for execution_id, summary_blob in rows:
+        s = apply_event(_summary_decoder.decode(summary_blob), locked, now)
+        version = s.next_version - 1
+        conn.execute(
+            "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
+            (execution_id, version, _us(now), blob),
+        )
+        _write_summary(conn, execution_id, s, now)
+        stored_events = None
+        stored_responses = None
+        if with_log:
+            stored_events = [
+                ev.StoredEvent(v, _dt(t), ev.decode_event(b), bt)
+                for v, t, b, bt in conn.execute(
+                    "SELECT version, created_at, event, backtrace_id FROM events "
+                    "WHERE execution_id = ? ORDER BY version",
+                    (execution_id,),
+                )
+            ]
+            stored_responses = [
+                ev.StoredResponse(c, _dt(t), ev.decode_response(b))
+                for c, t, b in conn.execute(
+                    "SELECT cursor, created_at, response FROM responses "
+                    "WHERE execution_id = ? ORDER BY cursor",
+                    (execution_id,),
+                )
+            ]
+            created = stored_events[0].event
+        else:
+            (created_blob,) = conn.execute(
+                "SELECT event FROM events WHERE execution_id = ? AND version = 0", (execution_id,)
+            ).fetchone()
+            created = ev.decode_event(created_blob)
+        assert isinstance(created, ev.Created)
+        result.append(
+            LockedExecution(
+                execution_id=execution_id,
+                ffqn=created.ffqn,
+                params=created.params,
+                next_version=s.next_version,
+                run_id=locked.run_id,
+                lock_expires_at=locked.lock_expires_at,
+                parent=created.parent,
+                summary=s,
+                events=stored_events,
+                responses=stored_responses,
+            )
+        )
+    return result
+
+
+def _append(
+    conn: sqlite3.Connection,
+    notes: _Notes,
+    execution_id: str,
+    expected_version: int,
+    events: list[ev.Event],
+    now: datetime,
+    extras: AppendExtras | None,
+) -> ExecutionSummary:
+    s = _load_summary(conn, execution_id)
+    if s.next_version != expected_version:
+        raise VersionConflict(
+            f"execution {execution_id}: expected version {expected_version}, "
+            f"but the next version is {s.next_version}"
+        )
+    creates = {c.execution_id: c for c in (extras.creates if extras else [])}
+    t = _us(now)
+    for event in events:
+        try:
+            s = apply_event(s, event, now)
+        except IllegalAppend as e:
+            raise Conflict(f"execution {execution_id}: {e}") from None
+        conn.execute(
+            "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
+            (execution_id, s.next_version - 1, t, ev.encode(event)),
+        )
+        match event:
+            case ev.HistoryEvent(event=ev.JoinSetRequest(join_set_id=js, request=req)):
+                if isinstance(req, ev.ChildExecutionRequest):
+                    _create_side(conn, notes, creates, req.child_execution_id, now)
+                else:
+                    conn.execute(
+                        "INSERT INTO delays (delay_id, execution_id, join_set_id, expires_at) "
+                        "VALUES (?,?,?,?)",
+                        (req.delay_id, execution_id, js, _us(req.expires_at)),
+                    )
+            case ev.HistoryEvent(event=ev.Schedule(execution_id=scheduled)):
+                _create_side(conn, notes, creates, scheduled, now)
+            case ev.Finished(result=result):
+                notes.finished.append((execution_id, result))
+                conn.execute("DELETE FROM delays WHERE execution_id = ?", (execution_id,))
+                parent = ExecutionId.parse(execution_id).parent()
+                if parent is not None:
+                    parent_id, join_set = parent
+                    _add_response(
+                        conn,
+                        notes,
+                        str(parent_id),
+                        ev.ChildExecutionFinished(
+                            execution_id, str(join_set), s.next_version - 1, result
+                        ),
+                        now,
+                    )
+            case ev.CancellationRequested():
+                notes.cancelled.add(execution_id)
+            case _:
+                pass
+    _write_summary(conn, execution_id, s, now)
+    if isinstance(s.state, PendingAt):
+        notes.pending.add(s.ffqn)
+    if extras and extras.logs:
+        _insert_logs(conn, execution_id, extras.run_id, extras.logs, now)
+    return s
+
+
+def _create_side(
+    conn: sqlite3.Connection,
+    notes: _Notes,
+    creates: dict[str, CreateRequest],
+    execution_id: str,
+    now: datetime,
+) -> None:
+    req = creates.get(execution_id)
+    if req is None:
+        raise StorageError(f"missing creation request for {execution_id}")
+    _create(conn, notes, req, now)
+
+
+def _add_response(
+    conn: sqlite3.Connection,
+    notes: _Notes,
+    execution_id: str,
+    response: ev.Response,
+    now: datetime,
+) -> None:
+    s = _load_summary(conn, execution_id)
+    source = (
+        response.child_execution_id
+        if isinstance(response, ev.ChildExecutionFinished)
+        else response.delay_id
+    )
+    try:
+        s = apply_response(s, response, now)
+    except IllegalAppend as e:
+        raise Conflict(f"execution {execution_id}: {e}") from None
+    try:
+        conn.execute(
+            "INSERT INTO responses (execution_id, cursor, created_at, source_id, response) "
+            "VALUES (?,?,?,?,?)",
+            (execution_id, s.responses, _us(now), source, ev.encode(response)),
+        )
+    except sqlite3.IntegrityError:
+        raise Conflict(f"execution {execution_id} already has a response for {source}") from None
+    if isinstance(response, ev.DelayFinished):
+        conn.execute("DELETE FROM delays WHERE delay_id = ?", (response.delay_id,))
+    _write_summary(conn, execution_id, s, now)
+    notes.responses.add(execution_id)
+    if isinstance(s.state, PendingAt):
+        notes.pending.add(s.ffqn)
+
+
+def _insert_logs(
+    conn: sqlite3.Connection,
+    execution_id: str,
+    run_id: str | None,
+    lines: Sequence[LogLine],
+    now: datetime,
+) -> None:
+    t = _us(now)
+    conn.executemany(
+        "INSERT INTO logs (execution_id, run_id, created_at, level, stream, message) "
+        "VALUES (?,?,?,?,?,?)",
+        [(execution_id, run_id, t, line.level, line.stream, line.message) for line in lines],
+    )
+
+
+def _pause(
+    conn: sqlite3.Connection, notes: _Notes, execution_id: str, now: datetime
+) -> ExecutionSummary:
+    s = _load_summary(conn, execution_id)
+    if s.is_finished:
+        raise Conflict(f"execution {execution_id} is already finished")
+    if s.cancelling:
+        raise Conflict(f"execution {execution_id} is being cancelled and cannot be paused")
+    if s.paused:
+        raise Conflict(f"execution {execution_id} is already paused")
+    events: list[ev.Event] = [ev.Paused()]
+    if isinstance(s.underlying, Locked):
+        if not s.is_workflow:
+            raise Conflict(
+                f"execution {execution_id} is a running activity and cannot be paused: "
+                "cancel it instead, or pause it between runs"
+            )
+        # A locked workflow's run is released first (SPEC §4.3).
+        events.insert(0, ev.Unlocked(now, "paused"))
+        notes.cancelled.add(execution_id)  # tells a warm run to stop
+    return _append(conn, notes, execution_id, s.next_version, events, now, None)
+
+
+def _cancel(
+    conn: sqlite3.Connection, notes: _Notes, execution_id: str, now: datetime
+) -> ExecutionSummary:
+    s = _load_summary(conn, execution_id)
+    if not is_cancellable(s):
+        raise NotCancellable(
+            f"execution {execution_id} ({s.ffqn}) is not cancellable: only activities and "
+            "workflows whose function name ends in -cancellable can be cancelled"
+        )
+    if s.is_finished:
+        raise Conflict(f"execution {execution_id} is already finished")
+    if s.cancelling:
+        raise Conflict(f"cancellation of execution {execution_id} was already requested")
+    events: list[ev.Event] = [ev.CancellationRequested()]
+    if not s.is_workflow and not isinstance(s.underlying, Locked):
+        # Nothing runs: the activity is finished right away.
+        events.append(ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested")))
+    return _append(conn, notes, execution_id, s.next_version, events, now, None)
+
+
+_ROW_COLUMNS = "execution_id, ffqn, component_type, parent_id, created_at, updated_at, summary"
+
+
+def _row(row: Any) -> ExecutionRow:
+    execution_id, ffqn, component_type, parent_id, created_at, updated_at, blob = row
+    s = _summary_decoder.decode(blob)
+    state = s.state
+    u = s.underlying
+    scheduled_at = u.scheduled_at if isinstance(u, PendingAt) else None
+    lock_expires_at = u.lock_expires_at if isinstance(u, Locked | BlockedByJoinSet) else None
+    return ExecutionRow(
+        execution_id=execution_id,
+        ffqn=ffqn,
+        component_type=component_type,
+        state=state,
+        created_at=_dt(created_at),
+        updated_at=_dt(updated_at),
+        next_version=s.next_version,
+        parent_id=parent_id,
+        scheduled_at=scheduled_at,
+        lock_expires_at=lock_expires_at,
+        result=s.result,
+        temporary_event_count=s.temporary_event_count,
+    )
