@@ -16,7 +16,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -125,16 +125,17 @@ _summary_decoder = msgspec.json.Decoder(ExecutionSummary)
 _created_decoder = msgspec.json.Decoder(ev.Event)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+
 def _us(dt: datetime) -> int:
-    return (
-        int(dt.timestamp() * 1_000_000)
-        if dt.tzinfo
-        else int(dt.replace(tzinfo=UTC).timestamp() * 1_000_000)
-    )
+    """Exact integer microseconds since the epoch (floats lose the last digit)."""
+    return ((dt if dt.tzinfo else dt.replace(tzinfo=UTC)) - _EPOCH) // _MICRO
 
 
 def _dt(us: int) -> datetime:
-    return datetime.fromtimestamp(us / 1_000_000, UTC)
+    return _EPOCH + timedelta(microseconds=us)
 
 
 def _function_name(ffqn: str) -> str:
@@ -501,13 +502,14 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
             f"(schema {current}, this version knows up to {SCHEMA_VERSION})"
         )
     for version in range(current + 1, SCHEMA_VERSION + 1):
-        conn.execute("BEGIN IMMEDIATE")
+        # One script per migration: executescript would commit an outer transaction.
         try:
-            conn.executescript("SAVEPOINT m;" + MIGRATIONS[version - 1] + "RELEASE m;")
-            conn.execute(f"PRAGMA user_version = {version}")
-            conn.execute("COMMIT")
+            conn.executescript(
+                f"BEGIN IMMEDIATE;\n{MIGRATIONS[version - 1]}\nPRAGMA user_version = {version};\nCOMMIT;"
+            )
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
 
 
