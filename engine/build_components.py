@@ -46,6 +46,8 @@ SETUP_COMMAND = ".venv/bin/pip install -e '.[dev]'"
 BUILD_FORMAT = 1
 # Cache entries kept per component (older ones are pruned after a build).
 KEEP_PER_COMPONENT = 3
+# Compiled (serialized) components kept by `load_component`.
+KEEP_COMPILED = 6
 SKIPPED_DIRS = frozenset({"build", "__pycache__", "node_modules"})
 SKIPPED_SUFFIXES = (".pyc", ".pyo", ".wasm", ".cwasm")
 
@@ -58,8 +60,10 @@ class BuildError(Exception):
 class PyComponent:
     """One Python-authored component: `componentize-py -d WIT... -w WORLD componentize MODULE`.
 
-    Paths are relative to the repo root. Every file under `app_dir` and each of `wit_dirs`
-    (except build outputs and bytecode) is part of the cache key.
+    Paths are relative to the repo root. `wit_dirs` defaults to `<app_dir>/wit`. Every file
+    under `app_dir` and each of `wit_dirs` (except build outputs and bytecode) is part of the
+    cache key, and so is the entry itself. `componentize_args` are extra options of the
+    `componentize` subcommand, e.g. `("--stub-wasi",)` for a deterministic workflow.
     """
 
     name: str
@@ -68,6 +72,7 @@ class PyComponent:
     world: str
     output: str
     wit_dirs: tuple[str, ...] = ()
+    componentize_args: tuple[str, ...] = ()
 
     @property
     def app_path(self) -> Path:
@@ -147,6 +152,7 @@ def input_digest(spec: PyComponent, tool_version: str) -> str:
                 "world": spec.world,
                 "app_dir": spec.app_dir,
                 "wit_dirs": [str(p.relative_to(REPO_ROOT)) for p in spec.wit_paths],
+                "componentize_args": list(spec.componentize_args),
             },
             sort_keys=True,
         ).encode()
@@ -188,7 +194,8 @@ def _run_componentize(spec: PyComponent, out: Path, log: Callable[[str], None]) 
     ]
     for wit in spec.wit_paths:
         cmd += ["-d", str(wit)]
-    cmd += ["-w", spec.world, "componentize", "-p", str(spec.app_path), "-o", str(out)]
+    cmd += ["-w", spec.world, "componentize", *spec.componentize_args]
+    cmd += ["-p", str(spec.app_path), "-o", str(out)]
     cmd.append(spec.module)
     shown = [os.path.relpath(a, REPO_ROOT) if a.startswith("/") else a for a in cmd[3:]]
     log(f"  $ {COMPONENTIZE_PY} {' '.join(shown)}")
@@ -333,7 +340,19 @@ def load_component(
     tmp = cwasm.with_name(f".{cwasm.name}.{os.getpid()}.tmp")
     tmp.write_bytes(component.serialize())
     os.replace(tmp, cwasm)
+    _prune_compiled(cwasm.parent)
     return component
+
+
+def _prune_compiled(directory: Path) -> None:
+    dated: list[tuple[float, Path]] = []
+    for path in directory.glob("*.cwasm"):
+        with contextlib.suppress(OSError):  # another process may be pruning too
+            dated.append((path.stat().st_mtime, path))
+    dated.sort(reverse=True)
+    for _, stale in dated[KEEP_COMPILED:]:
+        with contextlib.suppress(OSError):
+            stale.unlink()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
