@@ -12,11 +12,13 @@ from typing import Literal
 
 from ulid import ULID
 
-_ULID_RE = r"[0-9A-HJKMNP-TV-Z]{26}"
+# Crockford base32, canonical upper case; the first character is at most 7 (128 bits).
+_ULID_RE = r"[0-7][0-9A-HJKMNP-TV-Z]{25}"
 _NAME_RE = r"[A-Za-z0-9-]+"  # join set names: no '.', '_' or ':' so ids stay parseable
-_JOIN_SET_RE = re.compile(rf"^(?P<kind>[ogn]):(?P<name>{_NAME_RE})$")
-_TOP_LEVEL_RE = re.compile(rf"^E_(?P<ulid>{_ULID_RE})$")
-_SEGMENT_RE = re.compile(rf"^(?P<kind>[ogn]):(?P<name>{_NAME_RE})_(?P<n>[1-9][0-9]*)$")
+# Always used with `fullmatch` (a `$` anchor would accept a trailing newline).
+_JOIN_SET_RE = re.compile(rf"(?P<kind>[ogn]):(?P<name>{_NAME_RE})")
+_TOP_LEVEL_RE = re.compile(rf"E_(?P<ulid>{_ULID_RE})")
+_SEGMENT_RE = re.compile(rf"(?P<kind>[ogn]):(?P<name>{_NAME_RE})_(?P<n>[1-9][0-9]*)")
 
 
 class IdError(ValueError):
@@ -33,12 +35,17 @@ class JoinSetId:
     kind: JoinSetKind
     name: str
 
+    def __post_init__(self) -> None:
+        if self.kind not in ("o", "g", "n"):
+            raise IdError(f"invalid join set kind {self.kind!r}: expected 'o', 'g' or 'n'")
+        JoinSetId.validate_name(self.name)
+
     def __str__(self) -> str:
         return f"{self.kind}:{self.name}"
 
     @staticmethod
     def parse(text: str) -> JoinSetId:
-        m = _JOIN_SET_RE.match(text)
+        m = _JOIN_SET_RE.fullmatch(text)
         if not m:
             raise IdError(f"invalid join set id {text!r}: expected o:NAME, g:NAME or n:NAME")
         kind: JoinSetKind = m["kind"]  # type: ignore[assignment]
@@ -46,10 +53,8 @@ class JoinSetId:
 
     @staticmethod
     def validate_name(name: str) -> str:
-        if not re.fullmatch(_NAME_RE, name):
-            raise IdError(
-                f"invalid join set name {name!r}: use letters, digits and '-' only"
-            )
+        if not isinstance(name, str) or not re.fullmatch(_NAME_RE, name):
+            raise IdError(f"invalid join set name {name!r}: use letters, digits and '-' only")
         return name
 
 
@@ -66,17 +71,20 @@ class ExecutionId:
 
     @staticmethod
     def from_ulid(ulid: ULID | str) -> ExecutionId:
-        return ExecutionId(str(ulid))
+        text = str(ulid)
+        if not re.fullmatch(_ULID_RE, text):
+            raise IdError(f"invalid ULID {text!r}: expected 26 Crockford base32 characters")
+        return ExecutionId(text)
 
     @staticmethod
     def parse(text: str) -> ExecutionId:
         head, *segments = text.split(".")
-        m = _TOP_LEVEL_RE.match(head)
+        m = _TOP_LEVEL_RE.fullmatch(head)
         if not m:
             raise IdError(f"invalid execution id {text!r}: expected E_<ULID>[.<join set>_<n>…]")
         path: list[tuple[JoinSetId, int]] = []
         for seg in segments:
-            sm = _SEGMENT_RE.match(seg)
+            sm = _SEGMENT_RE.fullmatch(seg)
             if not sm:
                 raise IdError(f"invalid execution id {text!r}: bad child segment {seg!r}")
             kind: JoinSetKind = sm["kind"]  # type: ignore[assignment]
@@ -93,12 +101,12 @@ class ExecutionId:
     def child(self, join_set: JoinSetId, n: int) -> ExecutionId:
         """The derived id of the n-th child (n from 1) submitted into `join_set`."""
         if n < 1:
-            raise IdError("child index starts at 1")
+            raise IdError(f"invalid child index {n!r} in {join_set}: it starts at 1")
         return ExecutionId(self.ulid, (*self.path, (join_set, n)))
 
     def delay(self, join_set: JoinSetId, n: int) -> DelayId:
         if n < 1:
-            raise IdError("delay index starts at 1")
+            raise IdError(f"invalid delay index {n!r} in {join_set}: it starts at 1")
         return DelayId(self.ulid, (*self.path, (join_set, n)))
 
     def parent(self) -> tuple[ExecutionId, JoinSetId] | None:
