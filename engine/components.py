@@ -1,0 +1,177 @@
+"""Loading the components a deployment names: digests, exports, runners.
+
+A `Registry` is immutable once built; a reload builds a new one and swaps it in whole,
+so a failed reload leaves the previous registry in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.core import events as ev
+from engine.deployment import ComponentConfig, Deployment, Param
+from engine.errors import DeploymentError, InvalidParams, UnknownFunction
+from engine.wit.codec import WitValueError, validate_json
+from engine.wit.types import WitType, format_wit_type
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionInfo:
+    ffqn: str
+    params: tuple[Param, ...]
+    return_type: WitType | None
+    component_name: str
+    component_type: str
+
+    @property
+    def return_type_text(self) -> str | None:
+        return None if self.return_type is None else format_wit_type(self.return_type)
+
+
+@dataclass(slots=True)
+class LoadedComponent:
+    config: ComponentConfig
+    component_id: ev.ComponentId
+    functions: dict[str, FunctionInfo]
+    #: WasmActivityRunner / JsActivityRunner, None for stubs (and, for now, workflows).
+    runner: Any = None
+    source: str | None = None
+
+    @property
+    def ffqns(self) -> list[str]:
+        return sorted(self.functions)
+
+
+@dataclass(slots=True)
+class Registry:
+    deployment: Deployment
+    components: list[LoadedComponent] = field(default_factory=list)
+    functions: dict[str, tuple[FunctionInfo, LoadedComponent]] = field(default_factory=dict)
+
+    def function(self, ffqn: str) -> tuple[FunctionInfo, LoadedComponent]:
+        try:
+            return self.functions[ffqn]
+        except KeyError:
+            raise UnknownFunction(f"function {ffqn} is not exported by any deployed component") from None
+
+    def validate_params(self, ffqn: str, params: Any) -> list[Any]:
+        """Check params against the function's WIT types (SPEC §9.2); name the bad one."""
+        info, _ = self.function(ffqn)
+        if not isinstance(params, list):
+            raise InvalidParams(f"params of {ffqn} must be a JSON array")
+        if len(params) != len(info.params):
+            expected = ", ".join(f"{p.name}: {p.type_text}" for p in info.params) or "none"
+            raise InvalidParams(
+                f"{ffqn} takes {len(info.params)} parameter(s) ({expected}), got {len(params)}"
+            )
+        out: list[Any] = []
+        for i, (param, value) in enumerate(zip(info.params, params, strict=True)):
+            try:
+                out.append(validate_json(value, param.type, f"params[{i}] ({param.name})"))
+            except WitValueError as e:
+                raise InvalidParams(f"{ffqn}: {e}") from None
+        return out
+
+
+def file_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _read(config: ComponentConfig) -> bytes:
+    assert config.location is not None
+    try:
+        return config.location.read_bytes()
+    except OSError as e:
+        raise DeploymentError(f"{config.section}: cannot read {config.location}: {e.strerror}") from None
+
+
+def _typed_digest(config: ComponentConfig, source: bytes) -> str:
+    """JS and stubs: a digest of the source plus the declared FFQN and types (SPEC §2)."""
+    h = hashlib.sha256(source)
+    h.update(f"\0{config.ffqn}\0{config.return_type_text}".encode())
+    for p in config.params:
+        h.update(f"\0{p.name}:{p.type_text}".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def _declared_function(config: ComponentConfig) -> FunctionInfo:
+    assert config.ffqn is not None
+    return FunctionInfo(config.ffqn, config.params, config.return_type, config.name, config.type)
+
+
+def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -> LoadedComponent:
+    from engine.workers import js_activity, wasm_activity
+
+    if config.type == "activity_stub":
+        digest = _typed_digest(config, b"")
+        fn = _declared_function(config)
+        return LoadedComponent(config, ev.ComponentId("activity_stub", config.name, digest), {fn.ffqn: fn})
+    data = _read(config)
+    if config.type == "activity_js":
+        digest = _typed_digest(config, data)
+        source = data.decode("utf-8", errors="replace")
+        try:
+            runner = js_activity.JsActivityRunner(source, str(config.location), config.export)
+        except js_activity.JsLoadError as e:
+            raise DeploymentError(f"{config.section}: {e}") from None
+        fn = _declared_function(config)
+        return LoadedComponent(
+            config, ev.ComponentId("activity_js", config.name, digest), {fn.ffqn: fn}, runner, source
+        )
+    if config.type == "activity_wasm":
+        digest = file_digest(data)
+        try:
+            component = wasm_engine.load_component(config.location, cache_dir)
+            signatures = wasm_activity.inspect_exports(component)
+        except wasm_activity.ComponentLoadError as e:
+            raise DeploymentError(f"{config.section}, key `location`: {e}") from None
+        functions = {
+            ffqn: FunctionInfo(
+                ffqn,
+                tuple(Param(name, t, format_wit_type(t)) for name, t in sig.params),
+                sig.result,
+                config.name,
+                config.type,
+            )
+            for ffqn, sig in signatures.items()
+        }
+        if not functions:
+            raise DeploymentError(f"{config.section}: {config.location} exports no functions")
+        runner = wasm_activity.WasmActivityRunner(component, signatures)
+        return LoadedComponent(
+            config, ev.ComponentId("activity_wasm", config.name, digest), functions, runner
+        )
+    raise DeploymentError(
+        f"{config.section}: {config.type} components are not supported by this version yet"
+    )
+
+
+async def load_registry(
+    deployment: Deployment, wasm_engine: Any, cache_dir: Path, *, skip_types: Sequence[str] = ()
+) -> Registry:
+    """Load every component (in threads: compiling WASM takes a while) and index exports."""
+    configs = [c for c in deployment.components if c.type not in skip_types]
+    loaded = await asyncio.gather(
+        *(asyncio.to_thread(_load_one_sync, c, wasm_engine, cache_dir) for c in configs)
+    )
+    registry = Registry(deployment)
+    for component in loaded:
+        for ffqn, info in component.functions.items():
+            if ffqn in registry.functions:
+                other = registry.functions[ffqn][1].config.section
+                raise DeploymentError(
+                    f"{deployment.path}: {component.config.section} exports {ffqn}, "
+                    f"which {other} already exports"
+                )
+            if info.return_type is None or not format_wit_type(info.return_type).startswith("result"):
+                raise DeploymentError(
+                    f"{deployment.path}: {component.config.section}: {ffqn} must return a result<…>"
+                )
+            registry.functions[ffqn] = (info, component)
+        registry.components.append(component)
+    return registry

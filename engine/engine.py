@@ -1,0 +1,185 @@
+"""The embeddable engine: storage + components + executors + timers, behind one facade.
+
+The REST API, the CLI's server and the console all drive the engine through `Engine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from engine.components import LoadedComponent, Registry, load_registry
+from engine.core import events as ev
+from engine.core.clock import Clock, SystemClock
+from engine.core.ids import ExecutionId, IdError, new_deployment_id
+from engine.deployment import load_deployment
+from engine.errors import Conflict, InvalidParams, NotFound
+from engine.executor import ActivityExecutor, TimersWatcher
+from engine.storage.contract import CreateRequest, Storage, VersionConflict
+from engine.storage.sqlite import SqliteStorage
+
+log = logging.getLogger("obelisk.engine")
+
+#: Component types that get no executor (stubs are finished by someone else).
+_NOT_EXECUTED = ("activity_stub",)
+
+
+class Engine:
+    def __init__(
+        self,
+        storage: Storage,
+        registry: Registry,
+        clock: Clock,
+        data_dir: Path,
+        wasm_engine: Any,
+    ) -> None:
+        self.storage = storage
+        self.registry = registry
+        self.clock = clock
+        self.data_dir = data_dir
+        self.wasm_engine = wasm_engine
+        self.deployment_id = new_deployment_id()
+        self.threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="obelisk-run")
+        self.executors: list[ActivityExecutor] = []
+        self.watcher = TimersWatcher(storage, clock)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    @classmethod
+    async def start(
+        cls,
+        deployment_path: str | os.PathLike[str],
+        data_dir: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        run_executors: bool = True,
+        run_watcher: bool = True,
+    ) -> Engine:
+        """Load the deployment, open the database, start executors and the watcher.
+
+        Raises DeploymentError / StorageError with a message naming the culprit; nothing
+        is started when anything fails.
+        """
+        from engine.workers.wasm_activity import WasmEngine
+
+        data = Path(data_dir)
+        deployment = load_deployment(deployment_path)
+        wasm_engine = WasmEngine()
+        registry = await load_registry(deployment, wasm_engine, data / "cache")
+        storage = await SqliteStorage.open(data / "obelisk.sqlite")
+        engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine)
+        if run_executors:
+            engine._start_executors()
+        if run_watcher:
+            engine.watcher.start()
+        return engine
+
+    def _start_executors(self) -> None:
+        for component in self.registry.components:
+            if component.config.type in _NOT_EXECUTED or component.runner is None:
+                continue
+            executor = ActivityExecutor(self.storage, component, self.clock, self.threads)
+            executor.start()
+            self.executors.append(executor)
+
+    async def stop(self) -> None:
+        await self.watcher.stop()
+        await asyncio.gather(*(e.stop() for e in self.executors))
+        self.executors.clear()
+        await self.storage.close()
+        self.threads.shutdown(wait=False, cancel_futures=True)
+
+    # -- components ----------------------------------------------------------------------
+    @property
+    def components(self) -> list[LoadedComponent]:
+        return self.registry.components
+
+    # -- commands ------------------------------------------------------------------------
+    async def submit(
+        self,
+        ffqn: str,
+        params: Any,
+        *,
+        execution_id: str | None = None,
+        scheduled_at: datetime | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> str:
+        """Create a top-level execution. UnknownFunction (404), InvalidParams (400),
+        Conflict (409: the id exists with other params)."""
+        info, component = self.registry.function(ffqn)
+        checked = self.registry.validate_params(ffqn, params)
+        if execution_id is None:
+            eid = ExecutionId.generate()
+        else:
+            try:
+                eid = ExecutionId.parse(execution_id)
+            except IdError as e:
+                raise InvalidParams(str(e)) from None
+            if not eid.is_top_level:
+                raise InvalidParams(f"{execution_id} is a child id; submit a top-level E_<ULID>")
+        now = self.clock.now()
+        created = ev.Created(
+            ffqn=ffqn,
+            params=checked,
+            scheduled_at=scheduled_at or now,
+            component_id=component.component_id,
+            deployment_id=self.deployment_id,
+            metadata=metadata or {},
+        )
+        await self.storage.create(CreateRequest(str(eid), created), now)
+        return str(eid)
+
+    async def pause(self, execution_id: str) -> None:
+        await self.storage.pause(execution_id, self.clock.now())
+
+    async def unpause(self, execution_id: str) -> None:
+        await self.storage.unpause(execution_id, self.clock.now())
+
+    async def cancel(self, execution_id: str) -> None:
+        await self.storage.request_cancellation(execution_id, self.clock.now())
+
+    async def stub(self, execution_id: str, result: Any) -> None:
+        """Finish an `activity_stub` execution with `{"ok": v}` / `{"err": v}`.
+
+        Writing the same result again is accepted (idempotent); another result is 409.
+        """
+        try:
+            parsed = ev.result_from_json(result)
+        except ValueError as e:
+            raise InvalidParams(f"stub result: {e}") from None
+        if isinstance(parsed, ev.ExecutionFailure):
+            raise InvalidParams('stub result must be {"ok": value} or {"err": value}')
+        for _ in range(10):
+            s = await self.storage.get_summary(execution_id)
+            if s.component_type != "activity_stub":
+                raise Conflict(f"execution {execution_id} ({s.ffqn}) is not an activity_stub")
+            if s.result is not None:
+                if s.result == parsed:
+                    return
+                raise Conflict(f"execution {execution_id} is already finished with another result")
+            info, _ = self.registry.function(s.ffqn)
+            if info.return_type is not None:
+                from engine.wit.codec import WitValueError, validate_json
+
+                try:
+                    validate_json(ev.result_to_json(parsed), info.return_type, "result")
+                except WitValueError as e:
+                    raise InvalidParams(f"stub result for {s.ffqn}: {e}") from None
+            try:
+                await self.storage.append(
+                    execution_id, s.next_version, [ev.Finished(parsed)], self.clock.now()
+                )
+                return
+            except VersionConflict:
+                continue
+        raise Conflict(f"execution {execution_id} keeps changing; try again")
+
+    async def result(self, execution_id: str, timeout: float | None = None) -> ev.ExecutionResult:
+        return await self.storage.wait_for_finished(execution_id, timeout)
+
+
+__all__ = ["Engine", "NotFound"]

@@ -1,0 +1,261 @@
+"""The executor loop (SPEC §6.1) for activities, and the timers watcher (SPEC §6.3).
+
+An executor locks due executions of its component's FFQNs in batches, runs each on a
+worker thread (runners are synchronous; the GIL is released while WASM runs), and turns
+the outcome into an append with the retry rules of `engine.core.state`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from engine.components import LoadedComponent
+from engine.core import events as ev
+from engine.core.clock import Clock
+from engine.core.ids import new_executor_id, new_run_id
+from engine.core.state import on_lock_expired, on_temporary_failure
+from engine.storage.contract import (
+    AppendExtras,
+    Conflict,
+    LockedExecution,
+    NotFound,
+    Storage,
+    StorageError,
+)
+from engine.wit.codec import WitValueError, validate_json
+from engine.workers.outcome import (
+    LogLine,
+    RunCancelled,
+    RunErr,
+    RunOk,
+    RunOutcome,
+    RunTimedOut,
+    RunTrap,
+)
+
+log = logging.getLogger("obelisk.executor")
+
+
+def outcome_to_event(
+    locked: LockedExecution, outcome: RunOutcome, now: Any, ok_type: Any = None
+) -> ev.Event:
+    """Map one run's outcome to the event to append (SPEC §5.1–5.3)."""
+    s = locked.summary
+    match outcome:
+        case RunOk(value=value):
+            if ok_type is not None:
+                try:
+                    value = validate_json(value, ok_type, "return value")
+                except WitValueError as e:
+                    detail = str(e)
+                    return on_temporary_failure(
+                        s, now, "invalid return value", detail,
+                        ev.ExecutionFailure("uncategorized", "invalid return value", detail),
+                    )
+            return ev.Finished(ev.ResultOk(value))
+        case RunErr(value=value, permanent=True):
+            return ev.Finished(ev.ResultErr(value))
+        case RunErr(value=value):
+            return on_temporary_failure(
+                s, now, "returned err", json.dumps(value), ev.ResultErr(value)
+            )
+        case RunTrap(reason=reason, detail=detail):
+            return on_temporary_failure(
+                s, now, reason, detail, ev.ExecutionFailure("uncategorized", reason, detail)
+            )
+        case RunTimedOut():
+            return on_temporary_failure(
+                s, now, "timed out", "", ev.ExecutionFailure("timed_out", "activity timed out"),
+                timed_out=True,
+            )
+        case RunCancelled():
+            return ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
+    raise AssertionError(outcome)
+
+
+class ActivityExecutor:
+    """Runs the activities of one component."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        component: LoadedComponent,
+        clock: Clock,
+        threads: ThreadPoolExecutor,
+    ) -> None:
+        self.storage = storage
+        self.component = component
+        self.clock = clock
+        self.threads = threads
+        self.executor_id = new_executor_id()
+        cfg = component.config
+        self.ffqns = component.ffqns
+        self.retry = ev.RetryConfig(cfg.max_retries, cfg.retry_exp_backoff_ms)
+        self._inflight: dict[str, tuple[asyncio.Task[None], threading.Event]] = {}
+        self._slots = asyncio.Semaphore(cfg.exec.max_inflight)
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=f"executor {self.component.config.name}")
+
+    async def _loop(self) -> None:
+        cfg = self.component.config.exec
+        while not self._stopping:
+            free = min(cfg.batch_size, self._slots._value)
+            if free == 0:
+                # All slots busy: wait for one run to end.
+                async with self._slots:
+                    pass
+                continue
+            now = self.clock.now()
+            try:
+                batch = await self.storage.lock_pending(
+                    ffqns=self.ffqns,
+                    batch_size=free,
+                    now=now,
+                    component_id=self.component.component_id,
+                    executor_id=self.executor_id,
+                    run_id=new_run_id(),
+                    lock_expires_at=now + timedelta(milliseconds=cfg.lock_expiry_ms),
+                    retry_config=self.retry,
+                )
+            except StorageError as e:
+                log.error("executor %s: locking failed: %s", self.component.config.name, e)
+                await self.clock.sleep(cfg.tick_sleep_ms / 1000)
+                continue
+            for locked in batch:
+                self._spawn(locked)
+            if len(batch) < free:
+                await self.storage.wait_for_pending(self.ffqns, cfg.tick_sleep_ms / 1000)
+
+    def _spawn(self, locked: LockedExecution) -> None:
+        cancel = threading.Event()
+        task = asyncio.create_task(self._run_one(locked, cancel))
+        self._inflight[locked.execution_id] = (task, cancel)
+        self.storage.subscribe_cancellations().add(locked.execution_id, cancel.set)
+
+    async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
+        await self._slots.acquire()
+        try:
+            info = self.component.functions[locked.ffqn]
+            lines: list[LogLine] = []
+            remaining = (locked.lock_expires_at - self.clock.now()).total_seconds()
+            deadline = time.monotonic() + max(0.0, remaining)
+            run = self._runner_call(locked, deadline, cancel, lines.append)
+            outcome = await asyncio.get_running_loop().run_in_executor(self.threads, run)
+            if self._stopping and not isinstance(outcome, RunOk | RunErr):
+                # Interrupted by shutdown, not by the activity: release without a retry.
+                event: ev.Event = ev.Unlocked(self.clock.now(), "executor closing")
+            else:
+                ok_type = _ok_type(info.return_type)
+                event = outcome_to_event(locked, outcome, self.clock.now(), ok_type)
+            await self._append(locked, event, lines)
+        except Exception:
+            log.exception("executor %s: run of %s failed", self.component.config.name, locked.execution_id)
+        finally:
+            self._slots.release()
+            self.storage.subscribe_cancellations().remove(locked.execution_id)
+            self._inflight.pop(locked.execution_id, None)
+
+    def _runner_call(
+        self, locked: LockedExecution, deadline: float, cancel: threading.Event, sink: Callable[[LogLine], None]
+    ) -> Callable[[], RunOutcome]:
+        cfg = self.component.config
+        runner = self.component.runner
+        if cfg.type == "activity_js":
+            return lambda: runner.run(
+                locked.params, deadline, cancel, sink, list(cfg.allowed_hosts), dict(cfg.env_vars)
+            )
+        return lambda: runner.run(locked.ffqn, locked.params, dict(cfg.env_vars), deadline, cancel, sink)
+
+    async def _append(self, locked: LockedExecution, event: ev.Event, lines: list[LogLine]) -> None:
+        extras = AppendExtras(logs=lines, run_id=locked.run_id)
+        try:
+            await self.storage.append(
+                locked.execution_id, locked.next_version, [event], self.clock.now(), extras
+            )
+        except (Conflict, NotFound) as e:
+            # Someone else moved it on (the watcher after a lock expiry, a cancellation).
+            log.info("executor %s: dropped outcome of %s: %s", self.component.config.name, locked.execution_id, e)
+            if lines:
+                await self.storage.append_logs(locked.execution_id, locked.run_id, lines, self.clock.now())
+
+    async def stop(self) -> None:
+        """Stop locking; interrupt runs and release them with `unlocked("executor closing")`."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        inflight = list(self._inflight.items())
+        for _, (_, cancel) in inflight:
+            cancel.set()
+        if inflight:
+            await asyncio.gather(*(t for _, (t, _) in inflight), return_exceptions=True)
+
+
+def _ok_type(return_type: Any) -> Any:
+    """The `ok` payload type of a `result<T, E>` return type, when the model exposes it."""
+    return getattr(return_type, "ok", None)
+
+
+class TimersWatcher:
+    """Expired locks and due delays (SPEC §6.3), every 100 ms at a 500 ms leeway."""
+
+    INTERVAL = 0.1
+    LEEWAY = timedelta(milliseconds=500)
+
+    def __init__(self, storage: Storage, clock: Clock) -> None:
+        self.storage = storage
+        self.clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="timers watcher")
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except StorageError as e:
+                log.error("timers watcher: %s", e)
+            await self.clock.sleep(self.INTERVAL)
+
+    async def tick(self) -> int:
+        """One pass; returns how many timers it handled (tests call it directly)."""
+        now = self.clock.now()
+        locks, delays = await self.storage.expired_timers(now - self.LEEWAY)
+        jobs = []
+        for lock in locks:
+            s = lock.summary
+            if s.cancelling:
+                event: ev.Event = ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
+            else:
+                event = on_lock_expired(s, now)
+            jobs.append(self.storage.append(lock.execution_id, lock.next_version, [event], now))
+        for delay in delays:
+            jobs.append(
+                self.storage.append_response(
+                    delay.execution_id, ev.DelayFinished(delay.delay_id, delay.join_set_id, "ok"), now
+                )
+            )
+        for result in await asyncio.gather(*jobs, return_exceptions=True):
+            if isinstance(result, Exception) and not isinstance(result, Conflict | NotFound):
+                log.error("timers watcher: %s", result)
+        return len(jobs)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
