@@ -64,7 +64,9 @@ class Cancelling(msgspec.Struct, frozen=True, tag="cancelling", tag_field="type"
 
 PendingState = PendingAt | Locked | BlockedByJoinSet | Paused | Cancelling | Finished
 
-StateName = Literal["pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished"]
+StateName = Literal[
+    "pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished"
+]
 
 
 def state_name(state: PendingState) -> StateName:
@@ -144,7 +146,9 @@ def _copy(s: ExecutionSummary) -> ExecutionSummary:
     # join_sets is mutated by history events: copy it so the input summary stays intact.
     return msgspec.structs.replace(
         s,
-        join_sets={k: JoinSetCounters(v.submitted, v.received, v.consumed) for k, v in s.join_sets.items()},
+        join_sets={
+            k: JoinSetCounters(v.submitted, v.received, v.consumed) for k, v in s.join_sets.items()
+        },
     )
 
 
@@ -153,9 +157,7 @@ def _require(cond: bool, message: str) -> None:
         raise IllegalAppend(message)
 
 
-def apply_event(
-    s: ExecutionSummary, event: ev.Event, now: datetime
-) -> ExecutionSummary:
+def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> ExecutionSummary:
     """Validate `event` against `s` at time `now`; return the summary after it.
 
     Rules (SPEC §4.2–4.3, §8): nothing after `finished`; a new lock only from a due
@@ -175,13 +177,15 @@ def apply_event(
             _require(expires > now, "lock_expires_at must be in the future")
             lock = LockRef(exr, run)
             same_run = s.last_lock == lock
-            if isinstance(u, Locked) and same_run and not s.paused:
+            # A cancelling execution is not advanced again (SPEC §8): no new lock, and no
+            # extension either, not even by the warm run a response just unblocked.
+            _require(not s.cancelling, "a cancelling execution cannot be locked")
+            _require(not s.paused, "a paused execution cannot be locked")
+            if isinstance(u, Locked) and same_run:
                 pass  # extension of a running lock
-            elif isinstance(u, PendingAt) and same_run and u.last_lock == lock and not s.paused:
+            elif isinstance(u, PendingAt) and same_run and u.last_lock == lock:
                 pass  # the warm run continues after a response
             else:
-                _require(not s.cancelling, "a cancelling execution cannot be locked")
-                _require(not s.paused, "a paused execution cannot be locked")
                 _require(isinstance(u, PendingAt), f"cannot lock from state {state_name(s.state)}")
                 assert isinstance(u, PendingAt)
                 _require(u.scheduled_at <= now, "the execution is not due yet")
@@ -189,9 +193,18 @@ def apply_event(
             n.underlying = Locked(exr, run, expires)
             n.last_lock = lock
             n.retry_config = event.retry_config
-        case ev.Unlocked(backoff_expires_at=at) | ev.TemporarilyTimedOut(backoff_expires_at=at) | ev.TemporarilyFailed(backoff_expires_at=at):
-            _require(isinstance(u, Locked), f"{event.__struct_config__.tag} needs a locked execution")
-            n.underlying = PendingAt(at, s.last_lock)
+        case (
+            ev.Unlocked(backoff_expires_at=at)
+            | ev.TemporarilyTimedOut(backoff_expires_at=at)
+            | ev.TemporarilyFailed(backoff_expires_at=at)
+        ):
+            _require(
+                isinstance(u, Locked), f"{event.__struct_config__.tag} needs a locked execution"
+            )
+            # The run has ended: only a response unblocking a waiting run (apply_response)
+            # leaves a `last_lock` that may extend; a released or failed run must not skip
+            # its backoff by "extending" from PendingAt.
+            n.underlying = PendingAt(at)
             if not isinstance(event, ev.Unlocked):
                 n.temporary_event_count += 1
         case ev.Finished(result=result):
@@ -211,7 +224,10 @@ def apply_event(
         case ev.Paused():
             _require(not s.cancelling, "a cancelling execution cannot be paused")
             _require(not s.paused, "the execution is already paused")
-            _require(not isinstance(u, Locked), "a locked execution cannot be paused: release its run first")
+            _require(
+                not isinstance(u, Locked),
+                "a locked execution cannot be paused: release its run first",
+            )
             n.paused = True
         case ev.Unpaused():
             _require(s.paused, "the execution is not paused")
@@ -256,19 +272,22 @@ def _apply_history(n: ExecutionSummary, h: ev.HistoryEventKind, now: datetime) -
                 _require(c.received > c.consumed, f"join_next_try found on {js} without a response")
                 c.consumed += 1
             elif outcome == "pending":
-                _require(c.received == c.consumed < c.submitted, f"join_next_try pending on {js} is wrong")
+                _require(
+                    c.received == c.consumed < c.submitted,
+                    f"join_next_try pending on {js} is wrong",
+                )
             else:
                 _require(c.consumed == c.submitted, f"join_next_try all_processed on {js} is wrong")
         case ev.JoinNextTooMany(join_set_id=js):
             c = n.join_sets.get(js)
-            _require(c is None or c.consumed == c.submitted, f"join_next_too_many on {js} with requests left")
+            _require(c is not None, f"join set {js} does not exist")
+            assert c is not None
+            _require(c.consumed == c.submitted, f"join_next_too_many on {js} with requests left")
         case ev.Persist() | ev.Schedule() | ev.Stub():
             pass
 
 
-def apply_response(
-    s: ExecutionSummary, response: ev.Response, now: datetime
-) -> ExecutionSummary:
+def apply_response(s: ExecutionSummary, response: ev.Response, now: datetime) -> ExecutionSummary:
     """Record a response; it unblocks the execution if it is blocked on that join set."""
     n = _copy(s)
     n.responses += 1
@@ -320,8 +339,11 @@ def retry_backoff(
     """
     if retry.max_retries is not None and temporary_event_count > retry.max_retries:
         return None
-    exponent = min(temporary_event_count - 1, 40)
-    return now + timedelta(milliseconds=retry.retry_exp_backoff_ms * (2**exponent))
+    exponent = min(max(temporary_event_count - 1, 0), 40)
+    try:
+        return now + timedelta(milliseconds=retry.retry_exp_backoff_ms * (2**exponent))
+    except OverflowError:  # past year 9999: as good as never, but still a retry
+        return datetime.max.replace(tzinfo=now.tzinfo)
 
 
 def on_temporary_failure(
