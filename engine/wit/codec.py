@@ -85,9 +85,7 @@ def _mismatch(path: str, t: WitType, value: Any) -> WitValueError:
 
 def _single_key(value: Any, path: str, t: WitType, what: str) -> tuple[str, Any]:
     if not isinstance(value, dict) or len(value) != 1:
-        raise WitValueError(
-            path, f"expected {what} for {_type_name(t)}, got {_describe(value)}"
-        )
+        raise WitValueError(path, f"expected {what} for {_type_name(t)}, got {_describe(value)}")
     ((key, payload),) = value.items()
     if not isinstance(key, str):
         raise _mismatch(path, t, value)
@@ -135,8 +133,8 @@ def validate_json(value: Any, t: WitType, path: str = "params[0]") -> Any:
             if side is None:
                 if payload is not None:
                     raise WitValueError(
-                        f"{path}.{key}", f"expected null ({key} has no payload), got "
-                        f"{_describe(payload)}"
+                        f"{path}.{key}",
+                        f"expected null ({key} has no payload), got {_describe(payload)}",
                     )
                 return {key: None}
             return {key: validate_json(payload, side, f"{path}.{key}")}
@@ -520,8 +518,7 @@ def wit_type_from_wasmtime(valtype: Any) -> WitType:
     if isinstance(valtype, wc.VariantType):
         return WitVariant(
             tuple(
-                (n, None if ct is None else wit_type_from_wasmtime(ct))
-                for n, ct in valtype.cases
+                (n, None if ct is None else wit_type_from_wasmtime(ct)) for n, ct in valtype.cases
             )
         )
     if isinstance(valtype, wc.EnumType):
@@ -539,4 +536,3 @@ def wit_type_from_wasmtime(valtype: Any) -> WitType:
         if isinstance(valtype, cls):
             raise WitTypeError(f"unsupported WIT type: {kind} has no JSON form")
     raise WitTypeError(f"unsupported wasmtime type {type(valtype).__name__}")
-

@@ -1,0 +1,622 @@
+"""Runs `activity_wasm` components: loading with a compiled-code cache, export inspection, runs.
+
+Synchronous and thread-safe: the executor calls `WasmActivityRunner.run` from worker threads.
+
+Interruption. The shared engine has epoch interruption on and a daemon thread bumps the epoch
+every ~5 ms. Every store gets an epoch-deadline callback (`install_interrupt`) that asks a
+check function, on each tick while guest code runs, whether to stop; if so the guest traps
+with a marker error and the caller learns the reason (timeout, cancelled) from the
+`Interrupt`. A guest spinning in a loop is therefore stopped within a tick or two. A guest
+blocked inside a host call (e.g. a WASI sleep) is only stopped once that call returns.
+
+Host state. wasmtime-py keeps the last Python exception raised by a host function in a
+process-wide global, which one thread may pick up from another; our host functions never
+raise, and calls go through `_call_func`, which does not look at that global. The log sink of
+the run in progress is found through a thread-local (host functions run on the calling
+thread). WASI stdout/stderr callbacks, however, arrive on a wasmtime-internal thread: their
+bytes are buffered and turned into log lines on the worker thread (on epoch ticks, before each
+`obelisk:log` line, and at the end of the run), so the sink is only called from the worker.
+
+Caching. `WasmEngine.load` keys compiled code by the sha256 of the component file plus the
+wasmtime version and platform. The cache directory must be trusted: deserializing compiled
+code skips validation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.metadata
+import itertools
+import logging
+import os
+import platform
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import wasmtime
+from wasmtime import WasmtimeError
+from wasmtime import _ffi as ffi
+from wasmtime import component as wc
+
+from engine.wit.codec import (
+    WitValueError,
+    json_to_wasmtime,
+    wasmtime_to_json,
+    wit_type_from_wasmtime,
+)
+from engine.wit.types import (
+    FunctionSignature,
+    WitEnum,
+    WitResult,
+    WitType,
+    WitTypeError,
+    WitVariant,
+    format_wit_type,
+)
+from engine.workers.outcome import (
+    LogLevel,
+    LogLine,
+    LogSink,
+    LogStream,
+    RunCancelled,
+    RunErr,
+    RunOk,
+    RunOutcome,
+    RunTimedOut,
+    RunTrap,
+)
+
+__all__ = [
+    "LOG_INTERFACE",
+    "ComponentLoadError",
+    "FunctionSignature",
+    "Interrupt",
+    "LoadedComponent",
+    "WasmActivityRunner",
+    "WasmEngine",
+    "inspect_exports",
+    "install_interrupt",
+]
+
+_log = logging.getLogger(__name__)
+
+LOG_INTERFACE = "obelisk:log/log@1.0.0"
+LOG_LEVELS: tuple[LogLevel, ...] = ("trace", "debug", "info", "warn", "error")
+EPOCH_TICK_SECONDS = 0.005
+WASMTIME_VERSION = importlib.metadata.version("wasmtime")
+_INTERRUPT_MARKER = "obelisk: guest interrupted: "
+_MAX_LINE_BYTES = 64 * 1024
+_COMPONENT_HEADER = b"\0asm\x0d\x00\x01\x00"
+_CORE_HEADER = b"\0asm\x01\x00\x00\x00"
+
+
+class ComponentLoadError(Exception):
+    """A component file cannot be read, is not a component, or does not compile."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Interruption through epoch-deadline callbacks
+
+
+class Interrupt:
+    """Per-store interruption state; `check` is called on the guest's thread every tick."""
+
+    def __init__(self, check: Callable[[], str | None]) -> None:
+        self.check = check
+        #: Set to the reason `check` returned once the guest was told to stop.
+        self.reason: str | None = None
+
+
+_EPOCH_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_size_t,
+    ctypes.POINTER(ffi.wasmtime_context_t),
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_uint64),
+    ctypes.POINTER(ffi.wasmtime_update_deadline_kind_t),
+)
+_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_INTERRUPTS: dict[int, Interrupt] = {}
+_interrupt_ids = itertools.count(1)
+_UPDATE_DEADLINE_CONTINUE = 0
+
+
+@_EPOCH_CALLBACK  # type: ignore[untyped-decorator]
+def _on_epoch(_ctx: Any, data: int | None, delta: Any, kind: Any) -> int:
+    interrupt = _INTERRUPTS.get(data or 0)
+    if interrupt is not None:
+        try:
+            if interrupt.reason is None:
+                interrupt.reason = interrupt.check()
+        except BaseException:  # a callback must not raise into C
+            _log.exception("interrupt check failed")
+        if interrupt.reason is not None:
+            error = WasmtimeError(_INTERRUPT_MARKER + interrupt.reason)
+            return ctypes.cast(error._consume(), ctypes.c_void_p).value or 0
+    delta[0] = 1
+    kind[0] = _UPDATE_DEADLINE_CONTINUE
+    return 0
+
+
+@_FINALIZER  # type: ignore[untyped-decorator]
+def _on_store_dropped(data: int | None) -> None:
+    _INTERRUPTS.pop(data or 0, None)
+
+
+def install_interrupt(store: wasmtime.Store, check: Callable[[], str | None]) -> Interrupt:
+    """Make `store`'s guest code stop (trap) as soon as `check()` returns a reason.
+
+    Every store of an epoch-interruption engine needs this (or its own deadline): without it
+    the guest traps at the first epoch check. `check` runs on the thread running the guest.
+    """
+    interrupt = Interrupt(check)
+    key = next(_interrupt_ids)
+    _INTERRUPTS[key] = interrupt
+    ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), _on_epoch, key, _on_store_dropped)
+    store.set_epoch_deadline(1)
+    return interrupt
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine, compiled-component cache
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedComponent:
+    component: wc.Component
+    #: `sha256:` + hex digest of the component file.
+    digest: str
+    #: True when the compiled code came from the cache directory.
+    cache_hit: bool
+
+
+class WasmEngine:
+    """A wasmtime engine with epoch interruption, its epoch ticker and the activity linker."""
+
+    _shared: WasmEngine | None = None
+    _shared_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        config = wasmtime.Config()
+        config.epoch_interruption = True
+        self.engine = wasmtime.Engine(config)
+        self._lock = threading.Lock()
+        self._ticker: threading.Thread | None = None
+        self._linker: wc.Linker | None = None
+
+    @classmethod
+    def shared(cls) -> WasmEngine:
+        """The process-wide engine (components must run on the engine that compiled them)."""
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    def ensure_ticker(self) -> None:
+        """Start the daemon thread that advances the epoch every ~5 ms (once)."""
+        if self._ticker is not None:
+            return
+        with self._lock:
+            if self._ticker is None:
+                engine = self.engine
+
+                def tick() -> None:
+                    while True:
+                        time.sleep(EPOCH_TICK_SECONDS)
+                        engine.increment_epoch()
+
+                self._ticker = threading.Thread(target=tick, name="wasm-epoch", daemon=True)
+                self._ticker.start()
+
+    def new_store(self, check: Callable[[], str | None]) -> tuple[wasmtime.Store, Interrupt]:
+        """A store whose guest stops when `check()` returns a reason (see `install_interrupt`)."""
+        self.ensure_ticker()
+        store = wasmtime.Store(self.engine)
+        return store, install_interrupt(store, check)
+
+    def activity_linker(self) -> wc.Linker:
+        """WASI p2, wasi:http and `obelisk:log`, shared by all activity runs (built once)."""
+        with self._lock:
+            if self._linker is None:
+                linker = wc.Linker(self.engine)
+                linker.add_wasip2()
+                linker.add_wasi_http()
+                with linker.root() as root, root.add_instance(LOG_INTERFACE) as log_ifc:
+                    for level in LOG_LEVELS:
+                        log_ifc.add_func(level, _log_host_function(level))
+                self._linker = linker
+            return self._linker
+
+    def load(
+        self, source: Path | str | bytes, cache_dir: Path | str | None = None
+    ) -> LoadedComponent:
+        """Compile a component file (or its bytes), reusing compiled code from `cache_dir`."""
+        label = "<bytes>" if isinstance(source, bytes) else str(source)
+        if isinstance(source, bytes):
+            data = source
+        else:
+            try:
+                data = Path(source).read_bytes()
+            except OSError as e:
+                raise ComponentLoadError(
+                    f"cannot read component: {label}: {e.strerror or e}"
+                ) from None
+        _check_header(data, label)
+        hexdigest = hashlib.sha256(data).hexdigest()
+        digest = f"sha256:{hexdigest}"
+        cache_file = None
+        if cache_dir is not None:
+            cache_file = Path(cache_dir) / f"{hexdigest}-{_cache_tag()}.cwasm"
+            if cache_file.is_file():
+                try:
+                    component = wc.Component.deserialize_file(self.engine, str(cache_file))
+                    return LoadedComponent(component, digest, cache_hit=True)
+                except WasmtimeError as e:
+                    _log.warning("ignoring unusable compiled cache %s: %s", cache_file, e)
+        try:
+            component = wc.Component(self.engine, data)
+        except WasmtimeError as e:
+            raise ComponentLoadError(
+                f"invalid WebAssembly component: {label}: {_cause(str(e))}"
+            ) from None
+        if cache_file is not None:
+            _write_atomically(cache_file, bytes(component.serialize()))
+        return LoadedComponent(component, digest, cache_hit=False)
+
+    def load_component(
+        self, source: Path | str | bytes, cache_dir: Path | str | None = None
+    ) -> wc.Component:
+        return self.load(source, cache_dir).component
+
+
+def _check_header(data: bytes, label: str) -> None:
+    if data[:8] == _COMPONENT_HEADER:
+        return
+    if not data:
+        reason = "the file is empty"
+    elif data[:8] == _CORE_HEADER:
+        reason = (
+            "it is a core WebAssembly module (make a component, e.g. `wasm-tools component new`)"
+        )
+    elif data[:4] == b"\0asm":
+        reason = f"unsupported WebAssembly version/layer {data[4:8].hex()}"
+    else:
+        reason = "not a WebAssembly binary (bad magic number)"
+    raise ComponentLoadError(f"not a WebAssembly component: {label}: {reason}")
+
+
+def _cache_tag() -> str:
+    return f"wasmtime{WASMTIME_VERSION}-{platform.machine() or 'unknown'}-epoch"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:  # a cache that cannot be written only costs compile time
+        _log.warning("cannot write compiled cache %s: %s", path, e)
+        tmp.unlink(missing_ok=True)
+
+
+def _cause(message: str) -> str:
+    """The innermost cause of a wasmtime error message, on one line."""
+    tail = message.rsplit("Caused by:", 1)[-1]
+    lines = [line.strip() for line in tail.strip().splitlines() if line.strip()]
+    if not lines:
+        return message.strip()
+    if "Caused by:" in message:
+        # anyhow prints a numbered chain ("0: outer", "1: inner"); keep the last cause
+        last = lines[-1]
+        return re.sub(r"^\d+:\s*", "", last)
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Exports
+
+
+def inspect_exports(
+    component: wc.Component, engine: WasmEngine | None = None
+) -> dict[str, FunctionSignature]:
+    """Map each function of each exported interface to its signature, by FFQN.
+
+    The FFQN is `<interface as exported>.<function>`, e.g. `myapp:demo/activity.step` or
+    `myapp:demo/activity@1.0.0.step`. Functions exported outside an interface are ignored.
+    A function whose types have no JSON form (resources, streams…) is a `ComponentLoadError`.
+    """
+    eng = (engine or WasmEngine.shared()).engine
+    out: dict[str, FunctionSignature] = {}
+    for ifc_name, ext in component.type.exports(eng).items():
+        ifc = ext.ty
+        if not isinstance(ifc, wc.ComponentInstanceType) or ":" not in ifc_name:
+            continue
+        for fn_name, fext in ifc.exports(eng).items():
+            fty = fext.ty
+            if not isinstance(fty, wc.FuncType):
+                continue
+            ffqn = f"{ifc_name}.{fn_name}"
+            try:
+                params = [(name, wit_type_from_wasmtime(t)) for name, t in fty.params]
+                result_ty = fty.result
+                result = None if result_ty is None else wit_type_from_wasmtime(result_ty)
+            except WitTypeError as e:
+                raise ComponentLoadError(f"cannot use exported function {ffqn}: {e}") from None
+            out[ffqn] = FunctionSignature(params, result)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs
+
+
+class _RunState:
+    """What host functions of one run need; lives in a thread-local while the guest runs."""
+
+    def __init__(self, sink: LogSink) -> None:
+        self.sink = sink
+        self._lock = threading.Lock()
+        self._pending: list[tuple[LogStream, bytes]] = []
+        self._partial: dict[LogStream, bytes] = {"stdout": b"", "stderr": b""}
+
+    def output_callback(self, stream: LogStream) -> Callable[[bytes], None]:
+        def write(data: bytes) -> None:  # called on a wasmtime thread: only buffer
+            with self._lock:
+                self._pending.append((stream, bytes(data)))
+
+        return write
+
+    def emit(self, line: LogLine) -> None:
+        try:
+            self.sink(line)
+        except Exception:
+            _log.exception("log sink failed")
+
+    def flush_output(self, final: bool = False) -> None:
+        """Turn buffered stdout/stderr bytes into lines (the rest of a line too if `final`)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for stream, data in pending:
+            buf = self._partial[stream] + data
+            *lines, rest = buf.split(b"\n")
+            while len(rest) > _MAX_LINE_BYTES:
+                lines.append(rest[:_MAX_LINE_BYTES])
+                rest = rest[_MAX_LINE_BYTES:]
+            self._partial[stream] = rest
+            for line in lines:
+                self._emit_output(stream, line)
+        if final:
+            for stream, rest in self._partial.items():
+                if rest:
+                    self._emit_output(stream, rest)
+            self._partial = {"stdout": b"", "stderr": b""}
+
+    def _emit_output(self, stream: LogStream, line: bytes) -> None:
+        text = line.removesuffix(b"\r").decode("utf-8", errors="replace")
+        self.emit(LogLine("info" if stream == "stdout" else "error", text, stream))
+
+
+_ACTIVE = threading.local()
+
+
+def _active_state() -> _RunState | None:
+    state: _RunState | None = getattr(_ACTIVE, "state", None)
+    return state
+
+
+def _log_host_function(level: LogLevel) -> Callable[[Any, str], None]:
+    def log(_store: Any, message: str) -> None:
+        try:
+            state = _active_state()
+            if state is not None:
+                state.flush_output()
+                state.emit(LogLine(level, message))
+        except Exception:  # never let a Python exception reach wasmtime's global slot
+            _log.exception("obelisk:log host function failed")
+
+    return log
+
+
+def _call_func(func: wc.Func, store: wasmtime.Store, args: Sequence[Any]) -> Any:
+    """`Func.__call__` of wasmtime-py 50 without its process-global host-exception slot."""
+    fty = func.type(store)
+    param_tys = fty.params
+    result_ty = fty.result
+    if len(args) != len(param_tys):
+        raise TypeError(f"expected {len(param_tys)} arguments, got {len(args)}")
+    param_capi = (ffi.wasmtime_component_val_t * max(len(args), 1))()
+    n = 0
+    try:
+        for (_, ty), value in zip(param_tys, args, strict=True):
+            ty.convert_to_c(store, value, ctypes.pointer(param_capi[n]))
+            n += 1
+        result_space = None if result_ty is None else ffi.wasmtime_component_val_t()
+        error = ffi.wasmtime_component_func_call(
+            ctypes.byref(func._func),
+            store._context(),
+            param_capi,
+            n,
+            None if result_space is None else ctypes.byref(result_space),
+            0 if result_space is None else 1,
+        )
+        if error:
+            raise WasmtimeError._from_ptr(error)
+        if result_ty is None or result_space is None:
+            return None
+        return result_ty.convert_from_c(result_space)
+    finally:
+        for i in range(n):
+            ffi.wasmtime_component_val_delete(ctypes.byref(param_capi[i]))
+
+
+def _post_return(func: wc.Func, store: wasmtime.Store) -> None:
+    error = ffi.wasmtime_component_func_post_return(ctypes.byref(func._func), store._context())
+    if error:
+        raise WasmtimeError._from_ptr(error)
+
+
+_TRAP_NAMES = {
+    "wasm `unreachable` instruction executed": "unreachable",
+    "integer divide by zero": "integer divide by zero",
+    "out of bounds memory access": "out of bounds memory access",
+    "call stack exhausted": "stack overflow",
+}
+
+
+def _trap_outcome(error: WasmtimeError) -> RunTrap:
+    message = str(error)
+    if isinstance(error, wasmtime.ExitTrap):
+        return RunTrap(f"guest exited with code {error.code}", message)
+    cause = _cause(message)
+    if cause.startswith("wasm trap: "):
+        what = cause.removeprefix("wasm trap: ")
+        return RunTrap(f"trap: {_TRAP_NAMES.get(what, what)}", message)
+    return RunTrap(f"trap: {cause}"[:300], message)
+
+
+def _err_is_permanent(err_json: Any, err_type: WitType | None) -> bool:
+    """An err value is permanent when it is a variant (or enum) case named `*permanent*`."""
+    if isinstance(err_type, WitVariant | WitEnum):
+        case = err_json if isinstance(err_json, str) else next(iter(err_json), "")
+        return "permanent" in case
+    return False
+
+
+class WasmActivityRunner:
+    """Runs the exported functions of one activity component; one fresh instance per run."""
+
+    def __init__(
+        self,
+        component: wc.Component,
+        signatures: Mapping[str, FunctionSignature],
+        engine: WasmEngine | None = None,
+    ) -> None:
+        self.component = component
+        self.signatures = dict(signatures)
+        self.engine = engine or WasmEngine.shared()
+        self._linker = self.engine.activity_linker()
+
+    def verify_instantiable(self) -> None:
+        """Instantiate once (imports satisfiable?) so a deployment fails early and clearly."""
+        store, _ = self.engine.new_store(lambda: None)
+        store.set_wasi(wasmtime.WasiConfig())
+        store.set_wasi_http()
+        try:
+            self._linker.instantiate(store, self.component)
+        except WasmtimeError as e:
+            raise ComponentLoadError(f"cannot instantiate component: {_cause(str(e))}") from None
+
+    def run(
+        self,
+        ffqn: str,
+        params_json: list[Any],
+        env_vars: Mapping[str, str],
+        deadline: float,
+        cancel: threading.Event,
+        log: LogSink,
+    ) -> RunOutcome:
+        """Call `ffqn` with §9.2 JSON params; never raises for guest faults.
+
+        `deadline` is a `time.monotonic()` value; `cancel` may be set from any thread.
+        """
+        signature = self.signatures.get(ffqn)
+        if signature is None:
+            return RunTrap(f"function not exported by the component: {ffqn}")
+        result_type = signature.result
+        if not isinstance(result_type, WitResult):
+            return RunTrap(f"{ffqn} does not return a result: {signature.format()}")
+        args = self._convert_params(signature, params_json)
+        if isinstance(args, RunTrap):
+            return args
+        interface, _, function = ffqn.rpartition(".")
+
+        def check() -> str | None:
+            state = _active_state()
+            if state is not None:
+                state.flush_output()
+            if cancel.is_set():
+                return "cancelled"
+            if time.monotonic() >= deadline:
+                return "timeout"
+            return None
+
+        if (early := check()) is not None:
+            return RunCancelled() if early == "cancelled" else RunTimedOut()
+
+        state = _RunState(log)
+        store, interrupt = self.engine.new_store(check)
+        wasi = wasmtime.WasiConfig()
+        wasi.env = [(k, v) for k, v in env_vars.items()]
+        wasi.stdout_custom = state.output_callback("stdout")
+        wasi.stderr_custom = state.output_callback("stderr")
+        store.set_wasi(wasi)
+        store.set_wasi_http()
+
+        def interrupted_or_trap(error: WasmtimeError) -> RunOutcome:
+            if interrupt.reason == "cancelled":
+                return RunCancelled()
+            if interrupt.reason == "timeout":
+                return RunTimedOut()
+            return _trap_outcome(error)
+
+        _ACTIVE.state = state
+        try:
+            try:
+                instance = self._linker.instantiate(store, self.component)
+            except WasmtimeError as e:
+                outcome = interrupted_or_trap(e)
+                if isinstance(outcome, RunTrap):
+                    return RunTrap(f"cannot instantiate: {_cause(str(e))}"[:300], str(e))
+                return outcome
+            ifc_index = instance.get_export_index(store, interface)
+            fn_index = (
+                None if ifc_index is None else instance.get_export_index(store, function, ifc_index)
+            )
+            func = None if fn_index is None else instance.get_func(store, fn_index)
+            if func is None:
+                return RunTrap(f"function not exported by the component: {ffqn}")
+            try:
+                raw = _call_func(func, store, args)
+            except WasmtimeError as e:
+                return interrupted_or_trap(e)
+            except (TypeError, ValueError) as e:  # wasmtime-py rejected a converted value
+                return RunTrap(f"invalid params: {e}", repr(e))
+            try:
+                _post_return(func, store)
+            except WasmtimeError as e:
+                return interrupted_or_trap(e)
+            try:
+                result = wasmtime_to_json(raw, result_type)
+            except WitValueError as e:
+                return RunTrap(f"cannot read result: {e}", repr(raw))
+            if "ok" in result:
+                return RunOk(result["ok"])
+            err = result["err"]
+            return RunErr(err, permanent=_err_is_permanent(err, result_type.err))
+        finally:
+            _ACTIVE.state = None
+            state.flush_output(final=True)
+
+    def _convert_params(self, signature: FunctionSignature, params: Any) -> list[Any] | RunTrap:
+        expected = signature.params
+        if not isinstance(params, list) or len(params) != len(expected):
+            got = f"{len(params)}" if isinstance(params, list) else type(params).__name__
+            names = ", ".join(f"{n}: {t}" for n, t in _formatted(expected))
+            return RunTrap(f"invalid params: expected {len(expected)} ({names}), got {got}")
+        args = []
+        for i, ((name, t), value) in enumerate(zip(expected, params, strict=True)):
+            try:
+                args.append(json_to_wasmtime(value, t, f"params[{i}]"))
+            except WitValueError as e:
+                return RunTrap(f"invalid params: parameter {name!r}: {e}", str(e))
+        return args
+
+
+def _formatted(params: Sequence[tuple[str, WitType]]) -> list[tuple[str, str]]:
+    return [(n, format_wit_type(t)) for n, t in params]
