@@ -1,0 +1,1032 @@
+"""The `activity_js` runner: one exported function of an ES module, run in QuickJS.
+
+QuickJS comes from `quickjs-rs` (QuickJS compiled to WASM, driven by wasmtime). Every
+run gets a brand-new runtime and context, loads the module, calls the export with the
+params as positional arguments and maps what happens to a `RunOutcome`. `run()` is
+synchronous and meant for a worker thread; it drives a private asyncio loop internally.
+
+Sandbox
+-------
+The guest sees the ECMAScript built-ins (including `Date`, `Math.random`, `performance`)
+and only these additions:
+
+* `console.log/info/warn/error/debug/trace/assert` → `LogLine`s on the run's `LogSink`
+  (`log` → level `info`; arguments joined with spaces; strings as is, objects as JSON,
+  errors as `Name: message` plus their stack).
+* `fetch(url, init)`, `Headers`, `Response` — see "Network" below.
+* `process.env` — only when `env_vars` is given (not None): a frozen
+  `process = {env: {...env_vars}}` and nothing else. Without `env_vars` there is no
+  `process` at all. Nothing else from the host environment is visible.
+
+There is no filesystem, no timers (`setTimeout`), no `require`, and a module may not
+`import` anything (the loader resolves only the module itself).
+
+Network (`allowed_hosts`)
+-------------------------
+`fetch` is implemented in Python (aiohttp) and may only reach URLs whose scheme, host
+and port match one of the run's `allowed_hosts` patterns. A pattern is
+`[scheme://]host[:port]`:
+
+* `scheme` — `http`, `https` or `*`; omitted means `http` or `https`.
+* `host` — case-insensitive; `*` matches any run of characters (dots included), so
+  `*.example.com` matches `a.example.com` and `a.b.example.com` but not `example.com`;
+  a bare `*` matches every host. IPv6 literals are written in brackets: `[::1]:8080`.
+* `port` — a number or `*` (any port). Omitted means the default port of the URL's
+  scheme only (80 for http, 443 for https).
+
+Examples: `"api.example.com"` (http/https on 80/443), `"*.example.com"`,
+`"127.0.0.1:8080"`, `"http://localhost:*"`. Malformed patterns raise `ValueError` from
+`parse_allowed_hosts` (use it to validate deployment config); in `run()` they make
+the run a `RunTrap`. A refused URL throws a JS `TypeError` naming the host and saying
+it is not in `allowed_hosts`; redirects are followed by hand and every hop is checked.
+Network failures also throw `TypeError` (`fetch failed: ...`). Fetches are bounded by
+the run deadline, response bodies by `MAX_RESPONSE_BYTES`. `init.redirect` supports
+`follow` (default), `error` and `manual` (which returns the 3xx response itself).
+
+Results
+-------
+* return → `RunOk(value)`; the value goes through `JSON.stringify` (so `undefined` →
+  None, `Date` → ISO string); a `BigInt` becomes a Python int. A value that cannot be
+  serialised (a cycle) is a `RunTrap`.
+* throw → `RunErr(value)`: for an `Error` the value is its `message`; anything else is
+  the thrown value as JSON (`undefined` → None).
+* Permanence (SPEC §5.2: an err whose *variant case name* contains `permanent` is not
+  retried). The runner does not know the WIT type, so it looks at the JSON shape of a
+  variant (§9.2): the err is permanent iff it is a string that is a kebab-case case
+  name containing `permanent` (`"permanent-failure"`, also as an `Error` message), or
+  an object with exactly one key that is such a case name (`{"permanent-failure":
+  "card declined"}`). Free text such as `"permanent failure: x"` is not permanent.
+
+Failures
+--------
+Deadline passed (including a busy loop, which QuickJS's interrupt handler stops) →
+`RunTimedOut`; `cancel` set → `RunCancelled` (within ~20 ms when the guest waits on
+`fetch`, within well under a millisecond while it computes); a function that finishes
+after its deadline also counts as timed out. Exceeding the memory limit (enforced on
+the WASM linear memory, default 64 MiB) → `RunTrap("out of memory")`. Unbounded
+recursion exhausts the WASM stack → `RunTrap("stack overflow")`. A module that fails
+to load, a promise that never settles and other engine errors → `RunTrap(reason,
+detail)` (detail is the JS stack where there is one).
+
+Note on quickjs-rs internals: installing our own interrupt handler (for `cancel`) and
+the linear-memory limit use two private attributes (`Runtime._engine_rt`,
+`Context._engine_ctx._inst.store`) because quickjs-rs 0.2.6 has no public API for
+them (its own `memory_limit` is not enforced by this WASM build). The tests cover both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import json
+import re
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+import wasmtime
+from quickjs_rs import (
+    DeadlockError,
+    InterruptError,
+    JSError,
+    MemoryLimitError,
+    QuickJSError,
+    Runtime,
+)
+
+from engine.workers.outcome import (
+    LogLevel,
+    LogLine,
+    LogSink,
+    RunCancelled,
+    RunErr,
+    RunOk,
+    RunOutcome,
+    RunTimedOut,
+    RunTrap,
+)
+
+__all__ = [
+    "DEFAULT_LOAD_TIMEOUT",
+    "DEFAULT_MEMORY_LIMIT",
+    "MAX_RESPONSE_BYTES",
+    "HostPattern",
+    "JsActivityRunner",
+    "JsLoadError",
+    "is_permanent_err",
+    "parse_allowed_hosts",
+]
+
+DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
+"""Limit of the guest's WASM linear memory (QuickJS heap, stack and interpreter data)."""
+
+DEFAULT_LOAD_TIMEOUT = 5.0
+"""Seconds the module's top-level code may take during `check()`."""
+
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+"""Largest `fetch` response body accepted (larger bodies throw a `TypeError`)."""
+
+_MIN_MEMORY_LIMIT = 4 * 1024 * 1024
+_POLL_INTERVAL = 0.02
+_MAX_REDIRECTS = 20
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_BIGINT_PREFIX = "\x00obelisk:bigint:"
+_LOG_LEVELS: frozenset[str] = frozenset({"trace", "debug", "info", "warn", "error"})
+_CASE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:-[A-Za-z][A-Za-z0-9]*)*")
+
+_T = TypeVar("_T")
+
+
+class JsLoadError(Exception):
+    """The module does not load, or the export is missing or not a function."""
+
+
+# ---------------------------------------------------------------------------
+# allowed_hosts patterns
+# ---------------------------------------------------------------------------
+
+_PATTERN = re.compile(
+    r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*|\*)://)?"
+    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]?#@]+)"
+    r"(?::(?P<port>[0-9]{1,5}|\*))?/?"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HostPattern:
+    """One parsed `allowed_hosts` entry (see the module docstring for the syntax)."""
+
+    pattern: str
+    schemes: frozenset[str]
+    host: re.Pattern[str]
+    port: int | Literal["*"] | None  # None: the URL scheme's default port only
+
+    @classmethod
+    def parse(cls, text: str) -> HostPattern:
+        m = _PATTERN.fullmatch(text.strip())
+        if m is None:
+            raise ValueError(
+                f"invalid allowed_hosts pattern {text!r}: expected [scheme://]host[:port], "
+                "e.g. 'api.example.com', '*.example.com', 'http://localhost:*'"
+            )
+        scheme = (m.group("scheme") or "*").lower()
+        if scheme == "*":
+            schemes = frozenset(_DEFAULT_PORTS)
+        elif scheme in _DEFAULT_PORTS:
+            schemes = frozenset({scheme})
+        else:
+            raise ValueError(
+                f"invalid allowed_hosts pattern {text!r}: scheme must be http, https or *"
+            )
+        host = m.group("host").lower()
+        if host.startswith("["):
+            host_re = re.compile(re.escape(host[1:-1]))
+        else:
+            host_re = re.compile(".+".join(re.escape(part) for part in host.split("*")))
+        port_text = m.group("port")
+        port: int | Literal["*"] | None
+        if port_text is None:
+            port = None
+        elif port_text == "*":
+            port = "*"
+        else:
+            port = int(port_text)
+            if not 0 < port < 65536:
+                raise ValueError(f"invalid allowed_hosts pattern {text!r}: bad port {port}")
+        return cls(pattern=text, schemes=schemes, host=host_re, port=port)
+
+    def matches(self, scheme: str, host: str, port: int) -> bool:
+        """Whether a URL with this (lowercase) scheme, host and effective port matches."""
+        if scheme not in self.schemes or self.host.fullmatch(host.lower()) is None:
+            return False
+        if self.port is None:
+            return port == _DEFAULT_PORTS[scheme]
+        return self.port == "*" or self.port == port
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_allowed_hosts_cached(patterns: tuple[str, ...]) -> tuple[HostPattern, ...]:
+    return tuple(HostPattern.parse(p) for p in patterns)
+
+
+def parse_allowed_hosts(patterns: Iterable[str]) -> tuple[HostPattern, ...]:
+    """Parse `allowed_hosts` patterns; raises `ValueError` naming a malformed one."""
+    return _parse_allowed_hosts_cached(tuple(patterns))
+
+
+# ---------------------------------------------------------------------------
+# Permanence rule
+# ---------------------------------------------------------------------------
+
+
+def _is_permanent_case(name: str) -> bool:
+    return _CASE_NAME.fullmatch(name) is not None and "permanent" in name.lower()
+
+
+def is_permanent_err(value: Any) -> bool:
+    """Whether an err value looks like a variant case whose name contains `permanent`.
+
+    `"permanent-failure"` and `{"permanent-failure": payload}` are permanent; free text
+    and objects with several keys are not.
+    """
+    if isinstance(value, str):
+        return _is_permanent_case(value)
+    if isinstance(value, dict) and len(value) == 1:
+        (key,) = value
+        return isinstance(key, str) and _is_permanent_case(key)
+    return False
+
+
+# ---------------------------------------------------------------------------
+# JS prelude (evaluated as a script in every fresh context, before the module)
+# ---------------------------------------------------------------------------
+
+_PRELUDE = r"""
+(() => {
+"use strict";
+const G = globalThis;
+const hostLog = G.__obelisk_host_log;
+const hostFetch = G.__obelisk_host_fetch;
+const hostBody = G.__obelisk_host_body;
+delete G.__obelisk_host_log;
+delete G.__obelisk_host_fetch;
+delete G.__obelisk_host_body;
+
+const BIGINT = "\u0000obelisk:bigint:";
+const replacer = (_k, v) => (typeof v === "bigint" ? BIGINT + v.toString() : v);
+const define = (name, value) =>
+  Object.defineProperty(G, name, { value, writable: true, configurable: true, enumerable: false });
+
+function fmt(a) {
+  if (typeof a === "string") return a;
+  if (a instanceof Error) {
+    const head = `${a.name}: ${a.message}`;
+    const stack = typeof a.stack === "string" ? a.stack.replace(/\n+$/, "") : "";
+    return stack ? `${head}\n${stack}` : head;
+  }
+  if (typeof a === "function") return `[Function: ${a.name || "anonymous"}]`;
+  if (a !== null && typeof a === "object") {
+    try {
+      const s = JSON.stringify(a, (_k, v) => (typeof v === "bigint" ? v.toString() : v));
+      return s === undefined ? String(a) : s;
+    } catch (_e) {
+      return String(a);
+    }
+  }
+  return String(a);
+}
+const logger = (level) => (...args) => { hostLog(level, args.map(fmt).join(" ")); };
+define("console", {
+  log: logger("info"),
+  info: logger("info"),
+  warn: logger("warn"),
+  error: logger("error"),
+  debug: logger("debug"),
+  trace: logger("trace"),
+  assert: (cond, ...args) => {
+    if (!cond) hostLog("error", ["Assertion failed" + (args.length ? ":" : "")].concat(args.map(fmt)).join(" "));
+  },
+});
+
+class Headers {
+  #map = new Map();
+  constructor(init) {
+    if (init === undefined || init === null) return;
+    if (typeof init !== "object") throw new TypeError("Headers: init must be an object or a list of pairs");
+    if (typeof init[Symbol.iterator] === "function") {
+      for (const pair of init) {
+        if (pair === null || typeof pair !== "object" || pair.length !== 2) {
+          throw new TypeError("Headers: each header must be a [name, value] pair");
+        }
+        this.append(pair[0], pair[1]);
+      }
+    } else {
+      for (const k of Object.keys(init)) this.append(k, init[k]);
+    }
+  }
+  append(name, value) {
+    const k = String(name).toLowerCase();
+    const v = String(value);
+    const cur = this.#map.get(k);
+    this.#map.set(k, cur === undefined ? v : `${cur}, ${v}`);
+  }
+  set(name, value) { this.#map.set(String(name).toLowerCase(), String(value)); }
+  get(name) { const v = this.#map.get(String(name).toLowerCase()); return v === undefined ? null : v; }
+  has(name) { return this.#map.has(String(name).toLowerCase()); }
+  delete(name) { this.#map.delete(String(name).toLowerCase()); }
+  *entries() { yield* [...this.#map.entries()].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0)); }
+  *keys() { for (const [k] of this.entries()) yield k; }
+  *values() { for (const [, v] of this.entries()) yield v; }
+  forEach(cb, thisArg) { for (const [k, v] of this.entries()) cb.call(thisArg, v, k, this); }
+  [Symbol.iterator]() { return this.entries(); }
+}
+
+class Response {
+  #id;
+  #used = false;
+  constructor(r) {
+    this.status = r.status;
+    this.statusText = r.statusText;
+    this.ok = r.status >= 200 && r.status < 300;
+    this.headers = new Headers(r.headers);
+    this.url = r.url;
+    this.redirected = r.redirected;
+    this.type = "basic";
+    this.#id = r.id;
+  }
+  get bodyUsed() { return this.#used; }
+  #take(kind) {
+    if (this.#used) return Promise.reject(new TypeError("Body has already been consumed"));
+    this.#used = true;
+    try {
+      return Promise.resolve(hostBody(this.#id, kind));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+  text() { return this.#take("text"); }
+  async json() { return JSON.parse(await this.#take("text")); }
+  async bytes() { return await this.#take("bytes"); }
+  async arrayBuffer() {
+    const u8 = await this.#take("bytes");
+    return u8.buffer.slice(u8.byteOffset, u8.byteOffset + u8.byteLength);
+  }
+}
+
+async function fetch(input, init) {
+  init = init === undefined || init === null ? {} : init;
+  let url;
+  if (typeof input === "string") url = input;
+  else if (input !== null && typeof input === "object" && typeof input.url === "string") url = input.url;
+  else if (input !== null && typeof input === "object" && typeof input.href === "string") url = input.href;
+  else url = String(input);
+  const method = String(init.method === undefined ? "GET" : init.method).toUpperCase();
+  const headers = [...new Headers(init.headers)];
+  let body = init.body;
+  if (body === undefined || body === null) {
+    body = null;
+  } else if (typeof body === "string") {
+    // as is
+  } else if (body instanceof ArrayBuffer || ArrayBuffer.isView(body)) {
+    const view = body instanceof ArrayBuffer
+      ? new Uint8Array(body)
+      : new Uint8Array(body.buffer, body.byteOffset, body.byteLength);
+    body = new Uint8Array(view.byteLength);
+    body.set(view);
+  } else {
+    body = String(body);
+  }
+  if (body !== null && (method === "GET" || method === "HEAD")) {
+    throw new TypeError(`fetch: a ${method} request cannot have a body`);
+  }
+  const redirect = init.redirect === undefined ? "follow" : String(init.redirect);
+  if (redirect !== "follow" && redirect !== "error" && redirect !== "manual") {
+    throw new TypeError(`fetch: invalid redirect mode '${redirect}'`);
+  }
+  const r = await hostFetch(url, method, headers, body, redirect);
+  if (r.error !== undefined) {
+    throw r.error.name === "TypeError" ? new TypeError(r.error.message) : new Error(r.error.message);
+  }
+  return new Response(r);
+}
+define("Headers", Headers);
+define("Response", Response);
+define("fetch", fetch);
+
+const env = __OBELISK_ENV__;
+if (env !== null) define("process", Object.freeze({ env: Object.freeze(env) }));
+
+const errRecord = (e) => {
+  if (e instanceof Error) {
+    const message = String(e.message);
+    if (e.name === "InternalError" && message === "out of memory") {
+      return JSON.stringify({ t: "oom" });
+    }
+    return JSON.stringify({
+      t: "err", error: true, v: message, name: String(e.name),
+      stack: typeof e.stack === "string" ? e.stack : "",
+    });
+  }
+  let s;
+  try { s = JSON.stringify(e === undefined ? null : e, replacer); } catch (_e) { s = undefined; }
+  return s === undefined ? JSON.stringify({ t: "err", v: String(e) }) : `{"t":"err","v":${s}}`;
+};
+
+Object.defineProperty(G, "__obelisk_invoke", {
+  value: async (m, name, args) => {
+    const fn = m[name];
+    if (typeof fn !== "function") {
+      return JSON.stringify({ t: "trap", reason: `export '${name}' is not a function (it is ${typeof fn})` });
+    }
+    let value;
+    try {
+      value = await fn(...args);
+    } catch (e) {
+      return errRecord(e);
+    }
+    let s;
+    try {
+      s = JSON.stringify(value, replacer);
+    } catch (e) {
+      return JSON.stringify({
+        t: "trap", reason: `the return value is not JSON-serializable: ${e instanceof Error ? e.message : String(e)}`,
+      });
+    }
+    return s === undefined ? '{"t":"ok"}' : `{"t":"ok","v":${s}}`;
+  },
+  writable: false, configurable: false, enumerable: false,
+});
+})();
+"""
+
+_LOAD_SNIPPET = (
+    "import * as m from {spec};\n"
+    "Object.defineProperty(globalThis, '__obelisk_module', {{value: m, enumerable: false}});\n"
+)
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+
+def _revive_bigints(value: Any) -> Any:
+    if isinstance(value, str):
+        if value.startswith(_BIGINT_PREFIX):
+            return int(value[len(_BIGINT_PREFIX) :])
+        return value
+    if isinstance(value, list):
+        return [_revive_bigints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _revive_bigints(v) for k, v in value.items()}
+    return value
+
+
+def _parse_json_result(text: str) -> Any:
+    value = json.loads(text)
+    if "\\u0000obelisk:bigint:" in text:
+        value = _revive_bigints(value)
+    return value
+
+
+_STACK_POS = re.compile(r"\(?([^\s()]+):(\d+):(\d+)\)?\s*$")
+
+
+def _position(stack: str | None, filename: str) -> str:
+    """`line L, column C` of the first stack frame in `filename`, or ''."""
+    for line in (stack or "").splitlines():
+        m = _STACK_POS.search(line.strip())
+        if m is not None and m.group(1) == filename:
+            return f"line {m.group(2)}, column {m.group(3)}"
+    return ""
+
+
+def _run_coroutine(factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """Run a coroutine on a private event loop in this thread (or a helper thread
+    when this thread already runs a loop). The loop's default executor is not waited
+    for on close, so an abandoned DNS lookup cannot hold the caller."""
+
+    def go() -> _T:
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(factory())
+        finally:
+            try:
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                for t in pending:
+                    t.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return go()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(go).result()
+
+
+class _FetchError(Exception):
+    """Becomes a JS `TypeError` with this message."""
+
+
+class _Aborted(Exception):
+    """The supervisor stopped the guest (cancel or deadline)."""
+
+
+# ---------------------------------------------------------------------------
+# One sandbox = one fresh QuickJS runtime + context
+# ---------------------------------------------------------------------------
+
+
+class _Sandbox:
+    def __init__(
+        self,
+        *,
+        source: str,
+        filename: str,
+        memory_limit: int,
+        deadline: float,
+        cancel: threading.Event,
+        log: LogSink,
+        patterns: tuple[HostPattern, ...],
+        env_vars: dict[str, str] | None,
+    ) -> None:
+        self.source = source
+        self.filename = filename
+        self.memory_limit = memory_limit
+        self.deadline = deadline
+        self.cancel = cancel
+        self.log = log
+        self.patterns = patterns
+        self.abort: Literal["cancelled", "timed_out"] | None = None
+        self._bodies: dict[int, tuple[bytes, str]] = {}
+        self._next_body = 1
+        self._session: aiohttp.ClientSession | None = None
+
+        self.rt = Runtime(memory_limit=memory_limit)
+        self.ctx: Any = None
+        try:
+            self.rt.set_module_loader(normalize=self._normalize, load=self._load)
+            self.ctx = self.rt.new_context(timeout=10.0 * 365 * 24 * 3600)
+            # quickjs-rs has no public hook for a custom interrupt condition, nor an
+            # enforced memory limit in its WASM build: use the engine objects directly.
+            self.rt._engine_rt.set_interrupt_handler(self._should_interrupt)
+            self._inst: Any = self.ctx._engine_ctx._inst
+            self._inst.store.set_limits(memory_size=memory_limit)
+            self.ctx.register("__obelisk_host_log", self._host_log, is_async=False)
+            self.ctx.register("__obelisk_host_fetch", self._host_fetch, is_async=True)
+            self.ctx.register("__obelisk_host_body", self._host_body, is_async=False)
+            env_json = "null" if env_vars is None else json.dumps(dict(env_vars))
+            self.ctx.eval(_PRELUDE.replace("__OBELISK_ENV__", env_json), filename="<prelude>")
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle --
+
+    def close(self) -> None:
+        # Context.close and Runtime.close only release the wasmtime store; they do not
+        # call into the guest, so this is safe even after a WASM trap.
+        with contextlib.suppress(Exception):
+            if self.ctx is not None:
+                self.ctx.close()
+        with contextlib.suppress(Exception):
+            self.rt.close()
+        self._bodies.clear()
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            with contextlib.suppress(Exception):
+                await session.close()
+        self.close()
+
+    def memory_exhausted(self) -> bool:
+        """Whether the linear memory has (almost) reached its limit."""
+        try:
+            size = int(self._inst.mem.data_len(self._inst.store))
+        except Exception:
+            return False
+        return size + 1024 * 1024 > self.memory_limit
+
+    # -- interruption --
+
+    def _check_abort(self) -> bool:
+        if self.abort is not None:
+            return True
+        if self.cancel.is_set():
+            self.abort = "cancelled"
+        elif time.monotonic() >= self.deadline:
+            self.abort = "timed_out"
+        return self.abort is not None
+
+    def _should_interrupt(self) -> bool:
+        return self._check_abort()
+
+    async def supervise(self, awaitable: Awaitable[_T]) -> _T:
+        """Await `awaitable`, cancelling it when `cancel` is set or the deadline passes.
+
+        Busy JS never yields to the loop; the interrupt handler stops it instead.
+        """
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                if self._check_abort():
+                    task.cancel()
+                    await asyncio.wait({task}, timeout=1.0)
+                    if task.done() and not task.cancelled():
+                        task.exception()  # mark retrieved
+                    raise _Aborted
+                remaining = self.deadline - time.monotonic()
+                done, _ = await asyncio.wait(
+                    {task}, timeout=max(0.0, min(_POLL_INTERVAL, remaining))
+                )
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+
+    # -- module loader: only the module itself resolves --
+
+    def _normalize(self, base: str, spec: str) -> str | None:
+        return spec if spec == self.filename else None
+
+    def _load(self, name: str) -> str | None:
+        return self.source if name == self.filename else None
+
+    async def load_module(self) -> None:
+        await self.ctx.eval_async(_LOAD_SNIPPET.format(spec=json.dumps(self.filename)), module=True)
+
+    async def invoke(self, export: str, params_js: str) -> str:
+        code = f"await __obelisk_invoke(__obelisk_module, {json.dumps(export)}, {params_js})"
+        result = await self.ctx.eval_async(code, filename="<invoke>")
+        if not isinstance(result, str):
+            raise QuickJSError(f"unexpected invoke result {result!r}")
+        return result
+
+    # -- host functions --
+
+    def _host_log(self, level: Any, message: Any) -> None:
+        lvl = level if isinstance(level, str) and level in _LOG_LEVELS else "info"
+        lvl_typed: LogLevel = lvl  # type: ignore[assignment]
+        # A failing sink must not break the guest.
+        with contextlib.suppress(Exception):
+            self.log(LogLine(lvl_typed, str(message)))
+
+    def _host_body(self, body_id: Any, kind: Any) -> str | bytes:
+        data, charset = self._bodies.pop(int(body_id))
+        if kind == "bytes":
+            return data
+        try:
+            return data.decode(charset, errors="replace")
+        except LookupError:
+            return data.decode("utf-8", errors="replace")
+
+    def _check_url(self, url: str) -> tuple[str, str, int]:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as e:
+            raise _FetchError(f"fetch: invalid URL '{url}': {e}") from None
+        scheme = parts.scheme.lower()
+        host = parts.hostname
+        if scheme not in _DEFAULT_PORTS:
+            if not scheme:
+                raise _FetchError(
+                    f"fetch: invalid URL '{url}' (an absolute http(s) URL is required)"
+                )
+            raise _FetchError(
+                f"fetch: unsupported URL scheme '{scheme}' in '{url}' (http and https only)"
+            )
+        if not host:
+            raise _FetchError(f"fetch: invalid URL '{url}' (no host)")
+        effective = port if port is not None else _DEFAULT_PORTS[scheme]
+        if not any(p.matches(scheme, host, effective) for p in self.patterns):
+            shown = f"[{host}]" if ":" in host else host
+            if port is not None:
+                shown = f"{shown}:{port}"
+            raise _FetchError(
+                f"fetch: host '{shown}' is not in allowed_hosts (refused {scheme}://{shown})"
+            )
+        return scheme, host, effective
+
+    async def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
+            )
+        return self._session
+
+    async def _host_fetch(
+        self, url: Any, method: Any, headers: Any, body: Any, redirect: Any
+    ) -> dict[str, Any]:
+        try:
+            return await self._fetch(str(url), str(method), headers, body, str(redirect))
+        except _FetchError as e:
+            return {"error": {"name": "TypeError", "message": str(e)}}
+        except TimeoutError:
+            return {"error": {"name": "TypeError", "message": "fetch failed: timed out"}}
+        except (aiohttp.ClientError, OSError, ValueError) as e:
+            detail = str(e) or type(e).__name__
+            return {"error": {"name": "TypeError", "message": f"fetch failed: {detail}"}}
+
+    async def _fetch(
+        self, url: str, method: str, headers: Any, body: Any, redirect: str
+    ) -> dict[str, Any]:
+        header_pairs: list[tuple[str, str]] = []
+        if isinstance(headers, list):
+            for pair in headers:
+                if isinstance(pair, list) and len(pair) == 2:
+                    header_pairs.append((str(pair[0]), str(pair[1])))
+        data: bytes | None
+        if body is None:
+            data = None
+        elif isinstance(body, bytes):
+            data = body
+        else:
+            data = str(body).encode()
+            if not any(k.lower() == "content-type" for k, _ in header_pairs):
+                header_pairs.append(("content-type", "text/plain;charset=UTF-8"))
+        redirected = False
+        current = url
+        for _hop in range(_MAX_REDIRECTS + 1):
+            self._check_url(current)
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            session = await self._get_session()
+            async with session.request(
+                method,
+                current,
+                headers=header_pairs,
+                data=data,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=remaining),
+            ) as resp:
+                location = resp.headers.get("Location")
+                if resp.status in _REDIRECT_STATUSES and location and redirect != "manual":
+                    if redirect == "error":
+                        raise _FetchError(
+                            f"fetch failed: redirected to '{location}' with redirect mode 'error'"
+                        )
+                    current = urljoin(str(resp.url), location)
+                    redirected = True
+                    if (resp.status == 303 and method != "HEAD") or (
+                        resp.status in (301, 302) and method == "POST"
+                    ):
+                        method = "GET"
+                        data = None
+                        header_pairs = [
+                            (k, v)
+                            for k, v in header_pairs
+                            if k.lower() not in ("content-type", "content-length")
+                        ]
+                    continue
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    size += len(chunk)
+                    if size > MAX_RESPONSE_BYTES:
+                        raise _FetchError(
+                            f"fetch failed: response body larger than {MAX_RESPONSE_BYTES} bytes"
+                        )
+                    chunks.append(chunk)
+                body_id = self._next_body
+                self._next_body += 1
+                self._bodies[body_id] = (b"".join(chunks), resp.charset or "utf-8")
+                return {
+                    "id": body_id,
+                    "status": resp.status,
+                    "statusText": resp.reason or "",
+                    "url": str(resp.url),
+                    "redirected": redirected,
+                    "headers": [[k, v] for k, v in resp.headers.items()],
+                }
+        raise _FetchError(f"fetch failed: more than {_MAX_REDIRECTS} redirects")
+
+
+# ---------------------------------------------------------------------------
+# Public runner
+# ---------------------------------------------------------------------------
+
+
+def _discard_log(_line: LogLine) -> None:
+    return None
+
+
+class JsActivityRunner:
+    """Runs one export of a JS ES module; one fresh QuickJS sandbox per `run()`.
+
+    The constructor validates the module (it runs `check()`), raising `JsLoadError`.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        filename: str,
+        export_name: str | None = None,
+        *,
+        env_vars: dict[str, str] | None = None,
+        memory_limit: int = DEFAULT_MEMORY_LIMIT,
+        load_timeout: float = DEFAULT_LOAD_TIMEOUT,
+    ) -> None:
+        if memory_limit < _MIN_MEMORY_LIMIT:
+            raise ValueError(f"memory_limit must be at least {_MIN_MEMORY_LIMIT} bytes")
+        self.source = source
+        self.filename = filename
+        self.export_name = export_name
+        self.memory_limit = memory_limit
+        self.load_timeout = load_timeout
+        self.check(env_vars=env_vars)
+
+    @property
+    def export(self) -> str:
+        """The export's name in the module namespace (`default` for the default export)."""
+        return "default" if self.export_name is None else self.export_name
+
+    def _describe_export(self) -> str:
+        return "default export" if self.export_name is None else f"export '{self.export_name}'"
+
+    # -- validation --
+
+    def check(self, env_vars: dict[str, str] | None = None) -> None:
+        """Load the module in a fresh sandbox (its top-level code runs with no network
+        and discarded logs; `process.env` only if `env_vars` is given) and verify the
+        export is a function. Raises `JsLoadError`."""
+        _run_coroutine(lambda: self._check_async(env_vars))
+
+    async def _check_async(self, env_vars: dict[str, str] | None) -> None:
+        fname = self.filename
+        try:
+            box = _Sandbox(
+                source=self.source,
+                filename=fname,
+                memory_limit=self.memory_limit,
+                deadline=time.monotonic() + self.load_timeout,
+                cancel=threading.Event(),
+                log=_discard_log,
+                patterns=(),
+                env_vars=env_vars,
+            )
+        except Exception as e:
+            raise JsLoadError(f"{fname}: cannot create the JS sandbox: {e}") from e
+        try:
+            try:
+                await box.supervise(box.load_module())
+            except _Aborted:
+                raise JsLoadError(
+                    f"{fname}: module evaluation did not finish within {self.load_timeout:g} s"
+                ) from None
+            except InterruptError:
+                raise JsLoadError(
+                    f"{fname}: module evaluation did not finish within {self.load_timeout:g} s"
+                ) from None
+            except MemoryLimitError:
+                raise JsLoadError(f"{fname}: out of memory while loading the module") from None
+            except DeadlockError:
+                raise JsLoadError(
+                    f"{fname}: module evaluation awaits a promise that never settles"
+                ) from None
+            except JSError as e:
+                raise JsLoadError(self._load_error_message(e)) from None
+            except wasmtime.Trap as e:
+                raise JsLoadError(
+                    f"{fname}: engine trap while loading: {_trap_reason(e)}"
+                ) from None
+            except QuickJSError as e:
+                raise JsLoadError(f"{fname}: cannot load the module: {e}") from None
+            kind, exports = box.ctx.eval(
+                f"[typeof __obelisk_module[{json.dumps(self.export)}], "
+                "Object.keys(__obelisk_module)]"
+            )
+            if kind == "undefined":
+                listed = ", ".join(exports) if exports else "none"
+                raise JsLoadError(f"{fname}: no {self._describe_export()} (exports: {listed})")
+            if kind != "function":
+                raise JsLoadError(
+                    f"{fname}: {self._describe_export()} is not a function (it is {kind})"
+                )
+        finally:
+            await box.aclose()
+
+    def _load_error_message(self, e: JSError) -> str:
+        fname = self.filename
+        pos = _position(e.stack, fname)
+        where = f" ({pos})" if pos else ""
+        if e.name == "SyntaxError":
+            return f"{fname}: SyntaxError: {e.message}{where}"
+        if "resolving module" in e.message:
+            return (
+                f"{fname}: imports are not supported in activity_js modules ({e.name}: {e.message})"
+            )
+        return f"{fname}: module evaluation failed: {e.name}: {e.message}{where}"
+
+    # -- running --
+
+    def run(
+        self,
+        params_json: list[Any],
+        deadline: float,
+        cancel: threading.Event,
+        log: LogSink,
+        allowed_hosts: list[str],
+        env_vars: dict[str, str] | None = None,
+    ) -> RunOutcome:
+        """Run the export once with `params_json` as positional arguments.
+
+        `deadline` is a `time.monotonic()` instant. Never raises for guest faults.
+        """
+        if cancel.is_set():
+            return RunCancelled()
+        if time.monotonic() >= deadline:
+            return RunTimedOut()
+        try:
+            patterns = parse_allowed_hosts(allowed_hosts)
+        except ValueError as e:
+            return RunTrap(str(e))
+        try:
+            params_js = json.dumps(list(params_json), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            return RunTrap(f"params are not JSON: {e}")
+        return _run_coroutine(
+            lambda: self._run_async(params_js, deadline, cancel, log, patterns, env_vars)
+        )
+
+    async def _run_async(
+        self,
+        params_js: str,
+        deadline: float,
+        cancel: threading.Event,
+        log: LogSink,
+        patterns: tuple[HostPattern, ...],
+        env_vars: dict[str, str] | None,
+    ) -> RunOutcome:
+        try:
+            box = _Sandbox(
+                source=self.source,
+                filename=self.filename,
+                memory_limit=self.memory_limit,
+                deadline=deadline,
+                cancel=cancel,
+                log=log,
+                patterns=patterns,
+                env_vars=env_vars,
+            )
+        except Exception as e:
+            return RunTrap(f"cannot create the JS sandbox: {e}", traceback.format_exc())
+        try:
+            outcome = await self._run_in(box, params_js)
+            if box.abort == "cancelled":
+                return RunCancelled()
+            if box.abort == "timed_out" or time.monotonic() >= deadline:
+                return RunTimedOut()
+            if isinstance(outcome, RunErr) and outcome.value is None and box.memory_exhausted():
+                return RunTrap("out of memory")
+            return outcome
+        finally:
+            await box.aclose()
+
+    async def _run_in(self, box: _Sandbox, params_js: str) -> RunOutcome:
+        stage = "loading the module"
+        try:
+            await box.supervise(box.load_module())
+            stage = "running the function"
+            text = await box.supervise(box.invoke(self.export, params_js))
+        except _Aborted:
+            return RunTimedOut()  # replaced by the caller according to box.abort
+        except InterruptError:
+            return RunTrap("interrupted")  # box.abort is set: the caller maps it
+        except MemoryLimitError:
+            return RunTrap("out of memory")
+        except DeadlockError:
+            return RunTrap(
+                f"{stage}: awaited a promise that never settles "
+                "(there are no timers; only fetch completes asynchronously)"
+            )
+        except JSError as e:
+            if stage == "loading the module":
+                return RunTrap(self._load_error_message(e), e.stack or "")
+            return RunTrap(f"{stage}: {e.name}: {e.message}", e.stack or "")
+        except wasmtime.Trap as e:
+            return RunTrap(_trap_reason(e), str(e))
+        except QuickJSError as e:
+            return RunTrap(f"{stage}: {type(e).__name__}: {e}", traceback.format_exc())
+        except Exception as e:
+            return RunTrap(f"{stage}: internal error: {e!r}", traceback.format_exc())
+        return self._outcome_from_record(text)
+
+    def _outcome_from_record(self, text: str) -> RunOutcome:
+        try:
+            record = _parse_json_result(text)
+        except ValueError as e:
+            return RunTrap(f"cannot decode the function's result: {e}", text[:1000])
+        kind = record.get("t")
+        if kind == "ok":
+            return RunOk(record.get("v"))
+        if kind == "err":
+            value = record.get("v")
+            return RunErr(value, permanent=is_permanent_err(value))
+        if kind == "oom":
+            return RunTrap("out of memory")
+        return RunTrap(str(record.get("reason", "unknown failure")), str(record.get("detail", "")))
+
+
+def _trap_reason(e: BaseException) -> str:
+    text = str(e)
+    if "call stack exhausted" in text:
+        return "stack overflow"
+    last = text.strip().splitlines()[-1] if text.strip() else type(e).__name__
+    return f"wasm trap: {last.strip()}"

@@ -1,0 +1,553 @@
+"""Tests for the activity_js runner (real JS in quickjs-rs, a real local HTTP server)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from engine.workers.js_activity import (
+    HostPattern,
+    JsActivityRunner,
+    JsLoadError,
+    is_permanent_err,
+    parse_allowed_hosts,
+)
+from engine.workers.outcome import (
+    LogLine,
+    RunCancelled,
+    RunErr,
+    RunOk,
+    RunOutcome,
+    RunTimedOut,
+    RunTrap,
+)
+
+# ---------------------------------------------------------------------------
+# A local HTTP server
+# ---------------------------------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        # The client may have given up (cancel / deadline tests).
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        port = self.server.server_address[1]
+        if self.path == "/hello":
+            self._send(200, b'{"msg": "hi"}', {"Content-Type": "application/json", "X-Test": "1"})
+        elif self.path == "/slow":
+            time.sleep(1.5)
+            self._send(200, b"late")
+        elif self.path == "/redirect":
+            self._send(302, b"", {"Location": "/hello"})
+        elif self.path == "/redirect-out":
+            self._send(302, b"", {"Location": f"http://localhost:{port}/hello"})
+        else:
+            self._send(404, b"not found", {"Content-Type": "text/plain"})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        data = self.rfile.read(length)
+        reply = {
+            "body": data.decode(),
+            "contentType": self.headers.get("Content-Type"),
+            "token": self.headers.get("X-Token"),
+        }
+        self._send(201, json.dumps(reply).encode(), {"Content-Type": "application/json"})
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+
+def run(
+    source: str,
+    params: list[Any] | None = None,
+    *,
+    export: str | None = None,
+    timeout: float = 5.0,
+    cancel: threading.Event | None = None,
+    logs: list[LogLine] | None = None,
+    allowed_hosts: list[str] | None = None,
+    env_vars: dict[str, str] | None = None,
+    memory_limit: int | None = None,
+) -> RunOutcome:
+    kwargs: dict[str, Any] = {}
+    if memory_limit is not None:
+        kwargs["memory_limit"] = memory_limit
+    runner = JsActivityRunner(source, "activity/test.js", export, **kwargs)
+    sink = logs if logs is not None else []
+    return runner.run(
+        params or [],
+        time.monotonic() + timeout,
+        cancel or threading.Event(),
+        sink.append,
+        allowed_hosts or [],
+        env_vars,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------
+
+
+def test_default_export_gets_positional_params() -> None:
+    src = "export default function (name, n) { return { greeting: `Hello ${name}`, n: n + 1 }; }"
+    assert run(src, ["World", 41]) == RunOk({"greeting": "Hello World", "n": 42})
+
+
+def test_named_export_and_json_values() -> None:
+    src = """
+    export function shape(xs, opt) { return [xs.length, opt, { nested: [true, null] }]; }
+    export default function () { throw new Error("wrong export"); }
+    """
+    assert run(src, [[1, 2, 3], None], export="shape") == RunOk([3, None, {"nested": [True, None]}])
+
+
+def test_undefined_return_is_none_and_bigint_is_int() -> None:
+    assert run("export default function () {}") == RunOk(None)
+    assert run("export default () => 12345678901234567890n") == RunOk(12345678901234567890)
+
+
+def test_throw_error_gives_its_message() -> None:
+    src = "export default function () { throw new TypeError('card declined'); }"
+    assert run(src) == RunErr("card declined", permanent=False)
+
+
+def test_throw_object_gives_the_value() -> None:
+    src = "export default function () { throw { code: 7, reason: 'x' }; }"
+    assert run(src) == RunErr({"code": 7, "reason": "x"}, permanent=False)
+    assert run("export default function () { throw 'plain'; }") == RunErr("plain")
+
+
+@pytest.mark.parametrize(
+    ("thrown", "value", "permanent"),
+    [
+        ("'permanent-failure'", "permanent-failure", True),
+        ("{ 'permanent-failure': 'card declined' }", {"permanent-failure": "card declined"}, True),
+        ("new Error('permanent-failure')", "permanent-failure", True),
+        ("'permanent failure: not a case name'", "permanent failure: not a case name", False),
+        ("{ 'permanent-failure': 1, other: 2 }", {"permanent-failure": 1, "other": 2}, False),
+        ("'temporary-failure'", "temporary-failure", False),
+    ],
+)
+def test_permanent_err(thrown: str, value: Any, permanent: bool) -> None:
+    src = f"export default function () {{ throw {thrown}; }}"
+    assert run(src) == RunErr(value, permanent=permanent)
+
+
+def test_is_permanent_err_rule() -> None:
+    assert is_permanent_err("permanent")
+    assert is_permanent_err({"not-found-permanent": None})
+    assert not is_permanent_err(["permanent"])
+    assert not is_permanent_err(None)
+    assert not is_permanent_err("some permanent text")
+
+
+def test_unserializable_return_is_trap() -> None:
+    src = "export default function () { const a = {}; a.self = a; return a; }"
+    out = run(src)
+    assert isinstance(out, RunTrap)
+    assert "JSON" in out.reason
+
+
+def test_never_settling_promise_is_trap() -> None:
+    out = run("export default async function () { await new Promise(() => {}); }")
+    assert isinstance(out, RunTrap)
+    assert "never settles" in out.reason
+
+
+def test_top_level_throw_at_run_time_is_trap() -> None:
+    # Passes check() (no env) but throws at run time when env differs.
+    src = "if (process.env.MODE === 'bad') throw new Error('bad mode'); export default () => 1;"
+    runner = JsActivityRunner(src, "activity/test.js", env_vars={"MODE": "ok"})
+    out = runner.run(
+        [], time.monotonic() + 5, threading.Event(), lambda _l: None, [], {"MODE": "bad"}
+    )
+    assert isinstance(out, RunTrap)
+    assert "bad mode" in out.reason
+    assert "activity/test.js" in out.reason
+
+
+# ---------------------------------------------------------------------------
+# Console
+# ---------------------------------------------------------------------------
+
+
+def test_console_is_captured() -> None:
+    src = """
+    export default function () {
+      console.log("hello", 42, { a: [1, 2] });
+      console.info("info");
+      console.warn("careful");
+      console.error(new Error("bad"));
+      console.debug("dbg", null, undefined, true);
+      return 1;
+    }
+    """
+    logs: list[LogLine] = []
+    assert run(src, logs=logs) == RunOk(1)
+    assert [(line.level, line.message.splitlines()[0]) for line in logs] == [
+        ("info", 'hello 42 {"a":[1,2]}'),
+        ("info", "info"),
+        ("warn", "careful"),
+        ("error", "Error: bad"),
+        ("debug", "dbg null undefined true"),
+    ]
+    assert "activity/test.js" in logs[3].message  # the error's stack
+
+
+# ---------------------------------------------------------------------------
+# fetch
+# ---------------------------------------------------------------------------
+
+
+def test_async_export_awaits_fetch(server: str) -> None:
+    src = """
+    export default async function (base) {
+      const res = await fetch(`http://${base}/hello`);
+      const body = await res.json();
+      return { status: res.status, ok: res.ok, msg: body.msg,
+               type: res.headers.get("content-type"), x: res.headers.get("X-TEST") };
+    }
+    """
+    out = run(src, [server], allowed_hosts=[server])
+    assert out == RunOk(
+        {"status": 200, "ok": True, "msg": "hi", "type": "application/json", "x": "1"}
+    )
+
+
+def test_fetch_post_text_and_status(server: str) -> None:
+    src = """
+    export default async function (base) {
+      const res = await fetch(`http://${base}/echo`, {
+        method: "POST", body: JSON.stringify({ a: 1 }),
+        headers: { "Content-Type": "application/json", "X-Token": "t0k" },
+      });
+      const missing = await fetch(`http://${base}/missing`);
+      return { status: res.status, echo: await res.json(),
+               missing: [missing.status, missing.ok, await missing.text()] };
+    }
+    """
+    out = run(src, [server], allowed_hosts=["http://127.0.0.1:*"])
+    assert out == RunOk(
+        {
+            "status": 201,
+            "echo": {"body": '{"a":1}', "contentType": "application/json", "token": "t0k"},
+            "missing": [404, False, "not found"],
+        }
+    )
+
+
+def test_fetch_follows_redirects(server: str) -> None:
+    src = """
+    export default async function (base) {
+      const res = await fetch(`http://${base}/redirect`);
+      return [res.status, res.redirected, (await res.json()).msg];
+    }
+    """
+    assert run(src, [server], allowed_hosts=[server]) == RunOk([200, True, "hi"])
+
+
+def test_fetch_refused_for_host_not_allowed() -> None:
+    src = """
+    export default async function () {
+      try {
+        await fetch("https://evil.example.com/steal");
+        return "fetched";
+      } catch (e) {
+        return [e instanceof TypeError, e.message];
+      }
+    }
+    """
+    out = run(src, allowed_hosts=["api.example.com", "127.0.0.1:1"])
+    assert isinstance(out, RunOk)
+    is_type_error, message = out.value
+    assert is_type_error
+    assert "evil.example.com" in message
+    assert "not in allowed_hosts" in message
+
+
+def test_uncaught_refusal_is_err_and_no_hosts_means_no_network(server: str) -> None:
+    src = "export default async (base) => (await fetch(`http://${base}/hello`)).status;"
+    out = run(src, [server])
+    assert isinstance(out, RunErr)
+    assert "127.0.0.1" in out.value and "not in allowed_hosts" in out.value
+
+
+def test_redirect_to_host_not_allowed_is_refused(server: str) -> None:
+    src = "export default async (base) => (await fetch(`http://${base}/redirect-out`)).status;"
+    out = run(src, [server], allowed_hosts=[server])
+    assert isinstance(out, RunErr)
+    assert "localhost" in out.value and "not in allowed_hosts" in out.value
+
+
+def test_fetch_connection_failure_is_type_error() -> None:
+    src = """
+    export default async function () {
+      try { await fetch("http://127.0.0.1:1/"); } catch (e) { return [e.name, e.message]; }
+    }
+    """
+    out = run(src, allowed_hosts=["127.0.0.1:1"])
+    assert isinstance(out, RunOk)
+    assert out.value[0] == "TypeError"
+    assert out.value[1].startswith("fetch failed")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "url", "allowed"),
+    [
+        ("api.example.com", "https://api.example.com/x", True),
+        ("api.example.com", "http://api.example.com/x", True),
+        ("api.example.com", "https://api.example.com:8443/x", False),
+        ("api.example.com", "https://other.example.com/x", False),
+        ("*.example.com", "https://a.b.example.com/", True),
+        ("*.example.com", "https://example.com/", False),
+        ("127.0.0.1:8080", "http://127.0.0.1:8080/", True),
+        ("127.0.0.1:8080", "http://127.0.0.1:8081/", False),
+        ("http://localhost:*", "http://localhost:1234/", True),
+        ("http://localhost:*", "https://localhost:1234/", False),
+        ("https://API.example.com", "https://api.EXAMPLE.com/", True),
+        ("*", "https://anything.test/", True),
+        ("[::1]:8080", "http://[::1]:8080/", True),
+    ],
+)
+def test_allowed_host_patterns(pattern: str, url: str, allowed: bool) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    assert parts.hostname is not None
+    port = parts.port or {"http": 80, "https": 443}[parts.scheme]
+    (p,) = parse_allowed_hosts([pattern])
+    assert p.matches(parts.scheme, parts.hostname, port) is allowed
+
+
+@pytest.mark.parametrize("bad", ["", "ftp://host", "host:99999", "http://", "a b"])
+def test_invalid_allowed_host_pattern(bad: str) -> None:
+    with pytest.raises(ValueError, match="allowed_hosts pattern"):
+        HostPattern.parse(bad)
+    out = run("export default () => 1", allowed_hosts=[bad])
+    assert isinstance(out, RunTrap)
+
+
+# ---------------------------------------------------------------------------
+# Sandbox
+# ---------------------------------------------------------------------------
+
+
+def test_no_ambient_access() -> None:
+    src = """
+    export default function () {
+      return [typeof process, typeof require, typeof setTimeout, typeof Deno,
+              typeof __obelisk_host_log, typeof __obelisk_host_fetch, typeof fetch];
+    }
+    """
+    assert run(src) == RunOk(
+        ["undefined", "undefined", "undefined", "undefined", "undefined", "undefined", "function"]
+    )
+
+
+def test_env_vars_exposed_as_process_env() -> None:
+    src = "export default () => [process.env.GREETING, process.env.MISSING, Object.keys(process)];"
+    assert run(src, env_vars={"GREETING": "hi"}) == RunOk(["hi", None, ["env"]])
+
+
+def test_runs_do_not_share_state() -> None:
+    src = """
+    let counter = 0;
+    export default function () { globalThis.seen = (globalThis.seen || 0) + 1; return [++counter, seen]; }
+    """
+    runner = JsActivityRunner(src, "activity/test.js")
+    for _ in range(2):
+        out = runner.run([], time.monotonic() + 5, threading.Event(), lambda _l: None, [])
+        assert out == RunOk([1, 1])
+
+
+def test_imports_are_rejected() -> None:
+    with pytest.raises(JsLoadError, match=r"activity/test\.js.*imports are not supported"):
+        JsActivityRunner("import x from './other.js'; export default x;", "activity/test.js")
+
+
+# ---------------------------------------------------------------------------
+# Load errors
+# ---------------------------------------------------------------------------
+
+
+def test_syntax_error_names_file_and_line() -> None:
+    src = "export default function () {\n  return 1;\n}\nlet x = ;\n"
+    with pytest.raises(JsLoadError) as info:
+        JsActivityRunner(src, "activity/broken.js")
+    message = str(info.value)
+    assert "activity/broken.js" in message
+    assert "SyntaxError" in message
+    assert "line 4" in message
+
+
+def test_missing_export() -> None:
+    src = "export function greet() {}\nexport const x = 1;"
+    with pytest.raises(
+        JsLoadError, match=r"activity/test\.js: no default export \(exports: greet, x\)"
+    ):
+        JsActivityRunner(src, "activity/test.js")
+    with pytest.raises(JsLoadError, match="no export 'nope'"):
+        JsActivityRunner(src, "activity/test.js", "nope")
+    with pytest.raises(JsLoadError, match="export 'x' is not a function"):
+        JsActivityRunner(src, "activity/test.js", "x")
+
+
+def test_top_level_throw_is_load_error() -> None:
+    with pytest.raises(
+        JsLoadError, match=r"activity/test\.js: module evaluation failed: Error: boom"
+    ):
+        JsActivityRunner("throw new Error('boom');\nexport default () => 1;", "activity/test.js")
+
+
+# ---------------------------------------------------------------------------
+# Timeouts, cancellation, resources
+# ---------------------------------------------------------------------------
+
+
+def test_spinning_loop_times_out() -> None:
+    started = time.monotonic()
+    out = run("export default function () { while (true) {} }", timeout=0.3)
+    elapsed = time.monotonic() - started
+    assert out == RunTimedOut()
+    assert elapsed < 0.3 + 0.25
+
+
+def test_cancel_interrupts_spinning_loop() -> None:
+    cancel = threading.Event()
+    runner = JsActivityRunner("export default function () { for (;;) {} }", "activity/test.js")
+    set_at: list[float] = []
+
+    def fire() -> None:
+        set_at.append(time.monotonic())
+        cancel.set()
+
+    timer = threading.Timer(0.15, fire)
+    timer.start()
+    out = runner.run([], time.monotonic() + 10, cancel, lambda _l: None, [])
+    latency = time.monotonic() - set_at[0]
+    assert out == RunCancelled()
+    assert latency < 0.05
+
+
+def test_cancel_interrupts_pending_fetch(server: str) -> None:
+    cancel = threading.Event()
+    src = "export default async (base) => (await fetch(`http://${base}/slow`)).text();"
+    runner = JsActivityRunner(src, "activity/test.js")
+    set_at: list[float] = []
+
+    def fire() -> None:
+        set_at.append(time.monotonic())
+        cancel.set()
+
+    threading.Timer(0.2, fire).start()
+    out = runner.run([server], time.monotonic() + 10, cancel, lambda _l: None, [server])
+    assert out == RunCancelled()
+    assert time.monotonic() - set_at[0] < 0.1
+
+
+def test_deadline_bounds_pending_fetch(server: str) -> None:
+    src = "export default async (base) => (await fetch(`http://${base}/slow`)).text();"
+    started = time.monotonic()
+    out = run(src, [server], timeout=0.3, allowed_hosts=[server])
+    assert out == RunTimedOut()
+    assert time.monotonic() - started < 0.6
+
+
+def test_already_cancelled_or_expired() -> None:
+    runner = JsActivityRunner("export default () => 1", "activity/test.js")
+    cancel = threading.Event()
+    cancel.set()
+    assert runner.run([], time.monotonic() + 5, cancel, lambda _l: None, []) == RunCancelled()
+    out = runner.run([], time.monotonic() - 1, threading.Event(), lambda _l: None, [])
+    assert out == RunTimedOut()
+
+
+def test_memory_limit_is_out_of_memory_trap() -> None:
+    src = (
+        "export default function () { const a = []; for (;;) a.push(new Array(100000).fill(1.5)); }"
+    )
+    out = run(src, memory_limit=16 * 1024 * 1024)
+    assert out == RunTrap("out of memory")
+
+
+def test_memory_limit_caught_by_guest_still_traps() -> None:
+    src = """
+    export default function () {
+      const a = [];
+      try { for (;;) a.push(new Uint8Array(1 << 20)); } catch (e) { throw e; }
+    }
+    """
+    assert run(src, memory_limit=16 * 1024 * 1024) == RunTrap("out of memory")
+
+
+def test_unbounded_recursion_is_trap() -> None:
+    out = run("function f(n) { return f(n + 1) + 1; }\nexport default () => f(0);")
+    assert isinstance(out, RunTrap)
+    assert out.reason == "stack overflow"
+
+
+# ---------------------------------------------------------------------------
+# Threads and loops
+# ---------------------------------------------------------------------------
+
+
+def test_concurrent_runs_in_threads() -> None:
+    src = "export default async function (i) { await null; let s = 0; for (let k = 0; k < 20000; k++) s += k; return [i, s]; }"
+    runner = JsActivityRunner(src, "activity/test.js")
+    results: dict[int, RunOutcome] = {}
+
+    def work(i: int) -> None:
+        results[i] = runner.run([i], time.monotonic() + 10, threading.Event(), lambda _l: None, [])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: RunOk([i, 199990000]) for i in range(8)}
+
+
+async def test_run_from_asyncio_via_to_thread_and_directly() -> None:
+    runner = JsActivityRunner("export default (x) => x * 2", "activity/test.js")
+    out = await asyncio.to_thread(
+        runner.run, [21], time.monotonic() + 5, threading.Event(), lambda _l: None, []
+    )
+    assert out == RunOk(42)
+    # Called on a thread that runs a loop: still works (uses a helper thread).
+    assert runner.run([2], time.monotonic() + 5, threading.Event(), lambda _l: None, []) == RunOk(4)
