@@ -1,0 +1,800 @@
+"""The REST API (SPEC §11): JSON under `/v1`, bearer-token auth, JSON errors.
+
+`make_app(engine, token)` builds the aiohttp application; `engine.server.run` serves it.
+Every error is `{"error": message}` with its status: 400 bad request (params, JSON, ids,
+query), 401 no/bad token, 404 unknown execution/FFQN/endpoint, 409 conflict, 422 not
+cancellable, 425 not finished yet, 500 anything unexpected (logged, never a traceback).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+
+from engine.client import (
+    ComponentInfo,
+    EventEntry,
+    ExecutionInfo,
+    FunctionExport,
+    LogEntry,
+    ResponseEntry,
+)
+from engine.core import events as ev
+from engine.core.ids import ExecutionId, IdError
+from engine.core.state import StateName
+from engine.errors import DeploymentError, InvalidParams, UnknownFunction
+from engine.storage.contract import (
+    Conflict,
+    ExecutionRow,
+    ListFilter,
+    NotCancellable,
+    NotFound,
+    StorageError,
+)
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+log = logging.getLogger("obelisk.api")
+
+ENGINE_KEY: web.AppKey[Engine] = web.AppKey("engine")
+TOKEN_KEY: web.AppKey[str | None] = web.AppKey("token")
+
+STATE_NAMES: tuple[StateName, ...] = (
+    "pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished",
+)
+MAX_LIST_LIMIT = 1000
+MAX_LOG_LIMIT = 10_000
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiProblem(Exception):
+    """A request the API refuses, with the status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+# ---------------------------------------------------------------------------------------
+# Application
+# ---------------------------------------------------------------------------------------
+
+
+def make_app(engine: Engine, token: str | None) -> web.Application:
+    """The API application; `token=None` turns authentication off."""
+    app = web.Application(middlewares=[_error_middleware, _auth_middleware])
+    app[ENGINE_KEY] = engine
+    app[TOKEN_KEY] = token
+    app.router.add_get("/openapi.json", _openapi)
+    app.router.add_get("/v1/executions", _list_executions)
+    app.router.add_post("/v1/executions", _submit)
+    app.router.add_get("/v1/executions/{execution_id}", _result)
+    app.router.add_get("/v1/executions/{execution_id}/status", _status)
+    app.router.add_get("/v1/executions/{execution_id}/events", _events)
+    app.router.add_get("/v1/executions/{execution_id}/responses", _responses)
+    app.router.add_get("/v1/executions/{execution_id}/logs", _logs)
+    app.router.add_put("/v1/executions/{execution_id}/pause", _pause)
+    app.router.add_put("/v1/executions/{execution_id}/unpause", _unpause)
+    app.router.add_put("/v1/executions/{execution_id}/cancel", _cancel)
+    app.router.add_put("/v1/executions/{execution_id}/stub", _stub)
+    app.router.add_get("/v1/components", _components)
+    return app
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=msgspec.json.encode(data),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return _json({"error": message}, status, headers)
+
+
+#: Engine and storage errors → HTTP status. Order matters: subclasses first.
+_STATUS_OF: tuple[tuple[type[Exception], int], ...] = (
+    (NotFound, 404),
+    (UnknownFunction, 404),
+    (InvalidParams, 400),
+    (NotCancellable, 422),
+    (Conflict, 409),
+)
+_MAPPED = (NotFound, UnknownFunction, InvalidParams, NotCancellable, Conflict)
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiProblem as e:
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        return _error(e.status, e.message, headers)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        if isinstance(e, web.HTTPNotFound):
+            message = f"no such endpoint: {request.method} {request.path}"
+        elif isinstance(e, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(e.allowed_methods))
+            message = f"method {request.method} is not allowed on {request.path} (use {allowed})"
+        elif isinstance(e, web.HTTPRequestEntityTooLarge):
+            message = "request body too large"
+        else:
+            message = e.reason
+        headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+        return _error(e.status, message, headers or None)
+    except _MAPPED as e:
+        status = next(code for cls, code in _STATUS_OF if isinstance(e, cls))
+        return _error(status, str(e))
+    except (StorageError, DeploymentError) as e:
+        log.error("%s %s failed: %s", request.method, request.path, e)
+        return _error(500, str(e))
+    except Exception as e:
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(500, f"internal server error ({type(e).__name__}); see the server log")
+
+
+@web.middleware
+async def _auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = request.app[TOKEN_KEY]
+    if token is not None:
+        header = request.headers.get("Authorization")
+        if header is None:
+            raise ApiProblem(401, "missing bearer token: send `Authorization: Bearer <token>`")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
+            raise ApiProblem(401, "invalid bearer token")
+    return await handler(request)
+
+
+# ---------------------------------------------------------------------------------------
+# Request parsing
+# ---------------------------------------------------------------------------------------
+
+
+def _execution_id(request: web.Request) -> str:
+    text = request.match_info["execution_id"]
+    try:
+        return str(ExecutionId.parse(text))
+    except IdError as e:
+        raise ApiProblem(400, str(e)) from None
+
+
+def _int_query(
+    request: web.Request, name: str, default: int | None, lo: int, hi: int | None = None
+) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < lo or (hi is not None and value > hi):
+        bounds = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+        raise ApiProblem(400, f"query parameter `{name}` must be an integer {bounds}, got {raw!r}")
+    return value
+
+
+def _bool_query(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in ("", "true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise ApiProblem(400, f"query parameter `{name}` must be true or false, got {raw!r}")
+
+
+def _float_query(request: web.Request, name: str) -> float | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ApiProblem(
+            400, f"query parameter `{name}` must be a non-negative number of seconds, got {raw!r}"
+        )
+    return value
+
+
+async def _json_body(request: web.Request) -> Any:
+    data = await request.read()
+    if not data.strip():
+        raise ApiProblem(400, "missing JSON request body")
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError as e:
+        raise ApiProblem(400, f"malformed JSON in request body: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Answer shapes
+# ---------------------------------------------------------------------------------------
+
+
+def _ts(value: Any) -> str:
+    return str(msgspec.to_builtins(value))
+
+
+def _opt_ts(value: Any) -> str | None:
+    return None if value is None else _ts(value)
+
+
+def execution_info(row: ExecutionRow) -> ExecutionInfo:
+    return {
+        "execution_id": row.execution_id,
+        "ffqn": row.ffqn,
+        "component_type": row.component_type,
+        "state": ev.to_builtins(row.state),
+        "created_at": _ts(row.created_at),
+        "updated_at": _ts(row.updated_at),
+        "next_version": row.next_version,
+        "parent_id": row.parent_id,
+        "scheduled_at": _opt_ts(row.scheduled_at),
+        "lock_expires_at": _opt_ts(row.lock_expires_at),
+        "temporary_event_count": row.temporary_event_count,
+        "result": None if row.result is None else ev.result_to_json(row.result),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Handlers
+# ---------------------------------------------------------------------------------------
+
+
+async def _list_executions(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    states = request.query.getall("state", [])
+    for s in states:
+        if s not in STATE_NAMES:
+            raise ApiProblem(
+                400, f"unknown state {s!r} (expected one of: {', '.join(STATE_NAMES)})"
+            )
+    before = request.query.get("before") or None
+    if before is not None:
+        try:
+            before = str(ExecutionId.parse(before))
+        except IdError as e:
+            raise ApiProblem(400, f"query parameter `before`: {e}") from None
+    limit = _int_query(request, "limit", 100, 1, MAX_LIST_LIMIT)
+    assert limit is not None
+    flt = ListFilter(
+        ffqn_prefix=request.query.get("ffqn") or None,
+        states=tuple(states) or None,
+        hide_finished=_bool_query(request, "hide_finished"),
+        top_level_only=_bool_query(request, "top_level_only"),
+        id_prefix=request.query.get("id_prefix") or None,
+        limit=limit,
+        before_id=before,
+    )
+    rows = await engine.storage.list_executions(flt)
+    return _json([execution_info(r) for r in rows])
+
+
+_SUBMIT_KEYS = ("ffqn", "params", "execution_id")
+
+
+async def _submit(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise ApiProblem(400, 'request body must be a JSON object {"ffqn": …, "params": […]}')
+    unknown = sorted(set(body) - set(_SUBMIT_KEYS))
+    if unknown:
+        raise ApiProblem(
+            400, f"unknown field(s) {', '.join(unknown)} (expected: {', '.join(_SUBMIT_KEYS)})"
+        )
+    ffqn = body.get("ffqn")
+    if not isinstance(ffqn, str) or not ffqn:
+        raise ApiProblem(400, "field `ffqn` is missing or not a string")
+    params = body.get("params", [])
+    if not isinstance(params, list):
+        raise ApiProblem(400, "field `params` must be a JSON array")
+    execution_id = body.get("execution_id")
+    if execution_id is not None and not isinstance(execution_id, str):
+        raise ApiProblem(400, "field `execution_id` must be a string")
+    eid = await engine.submit(ffqn, params, execution_id=execution_id)
+    return _json(
+        {"execution_id": eid}, 201, {"Location": f"/v1/executions/{eid}"}
+    )
+
+
+async def _result(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    eid = _execution_id(request)
+    if _bool_query(request, "follow"):
+        timeout = _float_query(request, "timeout")
+        try:
+            result = await engine.result(eid, timeout)
+        except TimeoutError:
+            raise ApiProblem(
+                425, f"execution {eid} did not finish within {timeout:g} s"
+            ) from None
+        return _json(ev.result_to_json(result))
+    row = await engine.storage.get_row(eid)
+    if row.result is None:
+        state = row.state.__struct_config__.tag
+        raise ApiProblem(425, f"execution {eid} is not finished yet (state: {state})")
+    return _json(ev.result_to_json(row.result))
+
+
+async def _status(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    row = await engine.storage.get_row(_execution_id(request))
+    return _json(execution_info(row))
+
+
+async def _events(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    eid = _execution_id(request)
+    version = _int_query(request, "version", 0, 0)
+    length = _int_query(request, "length", None, 1)
+    with_backtrace = _bool_query(request, "include_backtrace_id")
+    assert version is not None
+    await engine.storage.get_summary(eid)  # 404 for an unknown id, whatever the range
+    stored = await engine.storage.get_events(eid, version, length)
+    out: list[EventEntry] = []
+    for e in stored:
+        entry: EventEntry = {
+            "version": e.version,
+            "created_at": _ts(e.created_at),
+            "event": ev.to_builtins(e.event),
+        }
+        if with_backtrace:
+            entry["backtrace_id"] = e.backtrace_id
+        out.append(entry)
+    return _json(out)
+
+
+async def _responses(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    eid = _execution_id(request)
+    after = _int_query(request, "after", 0, 0)
+    assert after is not None
+    await engine.storage.get_summary(eid)
+    stored = await engine.storage.get_responses(eid, after)
+    out: list[ResponseEntry] = [
+        {"cursor": r.cursor, "created_at": _ts(r.created_at), "response": ev.to_builtins(r.response)}
+        for r in stored
+    ]
+    return _json(out)
+
+
+async def _logs(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    eid = _execution_id(request)
+    after = _int_query(request, "after", 0, 0)
+    limit = _int_query(request, "limit", 1000, 1, MAX_LOG_LIMIT)
+    assert after is not None and limit is not None
+    await engine.storage.get_summary(eid)
+    lines = await engine.storage.get_logs(eid, after, limit)
+    out: list[LogEntry] = [
+        {
+            "id": line.id,
+            "run_id": line.run_id,
+            "created_at": _ts(line.created_at),
+            "level": line.level,
+            "stream": line.stream,
+            "message": line.message,
+        }
+        for line in lines
+    ]
+    return _json(out)
+
+
+async def _pause(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    eid = _execution_id(request)
+    await engine.pause(eid)
+    return _json(execution_info(await engine.storage.get_row(eid)))
+
+
+async def _unpause(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    eid = _execution_id(request)
+    await engine.unpause(eid)
+    return _json(execution_info(await engine.storage.get_row(eid)))
+
+
+async def _cancel(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    eid = _execution_id(request)
+    await engine.cancel(eid)
+    return _json(execution_info(await engine.storage.get_row(eid)))
+
+
+async def _stub(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    eid = _execution_id(request)
+    body = await _json_body(request)
+    if not (isinstance(body, dict) and len(body) == 1 and next(iter(body)) in ("ok", "err")):
+        raise ApiProblem(400, 'request body must be {"ok": value} or {"err": value}')
+    await engine.stub(eid, body)
+    return _json(execution_info(await engine.storage.get_row(eid)))
+
+
+def component_infos(engine: Engine) -> list[ComponentInfo]:
+    out: list[ComponentInfo] = []
+    for component in engine.registry.components:
+        config = component.config
+        exports: list[FunctionExport] = [
+            {
+                "ffqn": info.ffqn,
+                "params": [{"name": p.name, "type": p.type_text} for p in info.params],
+                "return_type": info.return_type_text,
+            }
+            for info in (component.functions[f] for f in component.ffqns)
+        ]
+        out.append(
+            {
+                "name": config.name,
+                "type": config.type,
+                "digest": component.component_id.digest,
+                "location": None if config.location is None else str(config.location),
+                "exports": exports,
+            }
+        )
+    return out
+
+
+async def _components(request: web.Request) -> web.Response:
+    return _json(component_infos(request.app[ENGINE_KEY]))
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    return _json(openapi_document(auth=request.app[TOKEN_KEY] is not None))
+
+
+# ---------------------------------------------------------------------------------------
+# OpenAPI 3.1
+# ---------------------------------------------------------------------------------------
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _array_of(name: str) -> dict[str, Any]:
+    return {"type": "array", "items": _ref(name)}
+
+
+def _ok(description: str, schema: dict[str, Any], status: str = "200") -> dict[str, Any]:
+    return {status: {"description": description, "content": {"application/json": {"schema": schema}}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    meaning = {
+        400: "Bad request: malformed JSON, bad params, bad id or query parameter",
+        401: "Missing or invalid bearer token",
+        404: "Unknown execution id or FFQN",
+        409: "Conflict with the execution's state",
+        422: "The execution is not cancellable",
+        425: "The execution has not finished yet",
+    }
+    return {
+        str(s): {
+            "description": meaning[s],
+            "content": {"application/json": {"schema": _ref("Error")}},
+        }
+        for s in (*statuses, 401)
+    }
+
+
+_ID_PARAM = {
+    "name": "execution_id",
+    "in": "path",
+    "required": True,
+    "description": "E_<ULID>, or a child id E_<ULID>.<join set>_<n>…",
+    "schema": {"type": "string"},
+}
+
+
+def _query(name: str, schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description,
+            "schema": schema, **extra}
+
+
+def _action(summary: str, *errors: int) -> dict[str, Any]:
+    return {
+        "put": {
+            "summary": summary,
+            "parameters": [_ID_PARAM],
+            "responses": {**_ok("The execution after the change", _ref("Execution")),
+                          **_errors(400, 404, *errors)},
+        }
+    }
+
+
+def openapi_document(*, auth: bool = True) -> dict[str, Any]:
+    """The OpenAPI 3.1 description of this API."""
+    json_any: dict[str, Any] = {}
+    timestamp = {"type": "string", "format": "date-time"}
+    schemas: dict[str, Any] = {
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {"error": {"type": "string"}},
+        },
+        "Result": {
+            "description": '{"ok": value}, {"err": value} or '
+            '{"execution_failure": {"kind", "reason", "detail"}}',
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": 1,
+            "properties": {
+                "ok": json_any,
+                "err": json_any,
+                "execution_failure": {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"enum": ["timed_out", "nondeterminism_detected", "cancelled",
+                                          "out_of_fuel", "uncategorized"]},
+                        "reason": {"type": "string"},
+                        "detail": {"type": "string"},
+                    },
+                },
+            },
+        },
+        "StubResult": {
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": 1,
+            "properties": {"ok": json_any, "err": json_any},
+        },
+        "PendingState": {
+            "description": "Tagged by `type`; paused and cancelling wrap an `underlying` state",
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"enum": list(STATE_NAMES)}},
+        },
+        "Execution": {
+            "type": "object",
+            "required": ["execution_id", "ffqn", "component_type", "state", "created_at",
+                         "updated_at", "next_version", "parent_id", "scheduled_at",
+                         "lock_expires_at", "temporary_event_count", "result"],
+            "properties": {
+                "execution_id": {"type": "string"},
+                "ffqn": {"type": "string"},
+                "component_type": {"type": "string"},
+                "state": _ref("PendingState"),
+                "created_at": timestamp,
+                "updated_at": timestamp,
+                "next_version": {"type": "integer"},
+                "parent_id": {"type": ["string", "null"]},
+                "scheduled_at": {**timestamp, "type": ["string", "null"]},
+                "lock_expires_at": {**timestamp, "type": ["string", "null"]},
+                "temporary_event_count": {"type": "integer"},
+                "result": {"oneOf": [_ref("Result"), {"type": "null"}]},
+            },
+        },
+        "SubmitRequest": {
+            "type": "object",
+            "required": ["ffqn"],
+            "additionalProperties": False,
+            "properties": {
+                "ffqn": {"type": "string", "examples": ["myapp:demo/activity.step"]},
+                "params": {"type": "array", "description": "WIT values as JSON (SPEC §9.2)"},
+                "execution_id": {"type": "string", "description": "E_<ULID>; generated if absent"},
+            },
+        },
+        "SubmitAnswer": {
+            "type": "object",
+            "required": ["execution_id"],
+            "properties": {"execution_id": {"type": "string"}},
+        },
+        "Event": {
+            "type": "object",
+            "required": ["version", "created_at", "event"],
+            "properties": {
+                "version": {"type": "integer"},
+                "created_at": timestamp,
+                "event": {"type": "object", "description": "tagged by `type`"},
+                "backtrace_id": {"type": ["integer", "null"]},
+            },
+        },
+        "Response": {
+            "type": "object",
+            "required": ["cursor", "created_at", "response"],
+            "properties": {
+                "cursor": {"type": "integer"},
+                "created_at": timestamp,
+                "response": {"type": "object", "description": "tagged by `type`"},
+            },
+        },
+        "LogLine": {
+            "type": "object",
+            "required": ["id", "run_id", "created_at", "level", "stream", "message"],
+            "properties": {
+                "id": {"type": "integer"},
+                "run_id": {"type": ["string", "null"]},
+                "created_at": timestamp,
+                "level": {"type": "string"},
+                "stream": {"type": "string"},
+                "message": {"type": "string"},
+            },
+        },
+        "Component": {
+            "type": "object",
+            "required": ["name", "type", "digest", "location", "exports"],
+            "properties": {
+                "name": {"type": "string"},
+                "type": {"type": "string"},
+                "digest": {"type": "string"},
+                "location": {"type": ["string", "null"]},
+                "exports": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["ffqn", "params", "return_type"],
+                        "properties": {
+                            "ffqn": {"type": "string"},
+                            "params": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "properties": {"name": {"type": "string"},
+                                                   "type": {"type": "string"}},
+                                },
+                            },
+                            "return_type": {"type": ["string", "null"]},
+                        },
+                    },
+                },
+            },
+        },
+    }
+    paths: dict[str, Any] = {
+        "/v1/executions": {
+            "get": {
+                "summary": "List executions, newest first",
+                "parameters": [
+                    _query("ffqn", {"type": "string"}, "FFQN prefix"),
+                    _query("state", {"type": "array", "items": {"enum": list(STATE_NAMES)}},
+                           "state name; repeat for several", explode=True),
+                    _query("hide_finished", {"type": "boolean"}, "leave out finished ones"),
+                    _query("top_level_only", {"type": "boolean"}, "leave out child executions"),
+                    _query("id_prefix", {"type": "string"}, "execution id prefix"),
+                    _query("limit", {"type": "integer", "minimum": 1,
+                                     "maximum": MAX_LIST_LIMIT, "default": 100}, "page size"),
+                    _query("before", {"type": "string"},
+                           "paging cursor: the last execution_id of the previous page"),
+                ],
+                "responses": {**_ok("Executions", _array_of("Execution")), **_errors(400)},
+            },
+            "post": {
+                "summary": "Submit a top-level execution",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("SubmitRequest")}},
+                },
+                "responses": {
+                    **_ok("Created", _ref("SubmitAnswer"), "201"),
+                    **_errors(400, 404, 409),
+                },
+            },
+        },
+        "/v1/executions/{execution_id}": {
+            "get": {
+                "summary": "The result of an execution",
+                "parameters": [
+                    _ID_PARAM,
+                    _query("follow", {"type": "boolean"}, "wait until it finishes"),
+                    _query("timeout", {"type": "number", "minimum": 0},
+                           "with follow: give up (425) after this many seconds"),
+                ],
+                "responses": {**_ok("The result", _ref("Result")), **_errors(400, 404, 425)},
+            }
+        },
+        "/v1/executions/{execution_id}/status": {
+            "get": {
+                "summary": "State, timestamps, version and result of an execution",
+                "parameters": [_ID_PARAM],
+                "responses": {**_ok("The execution", _ref("Execution")), **_errors(400, 404)},
+            }
+        },
+        "/v1/executions/{execution_id}/events": {
+            "get": {
+                "summary": "A page of the execution log",
+                "parameters": [
+                    _ID_PARAM,
+                    _query("version", {"type": "integer", "minimum": 0, "default": 0},
+                           "first version"),
+                    _query("length", {"type": "integer", "minimum": 1}, "how many (all if absent)"),
+                    _query("include_backtrace_id", {"type": "boolean"}, "add backtrace_id"),
+                ],
+                "responses": {**_ok("Events", _array_of("Event")), **_errors(400, 404)},
+            }
+        },
+        "/v1/executions/{execution_id}/responses": {
+            "get": {
+                "summary": "Responses received by an execution (children, delays)",
+                "parameters": [
+                    _ID_PARAM,
+                    _query("after", {"type": "integer", "minimum": 0, "default": 0},
+                           "only responses with a cursor greater than this"),
+                ],
+                "responses": {**_ok("Responses", _array_of("Response")), **_errors(400, 404)},
+            }
+        },
+        "/v1/executions/{execution_id}/logs": {
+            "get": {
+                "summary": "Log lines (stdout, stderr, obelisk:log) of an execution",
+                "parameters": [
+                    _ID_PARAM,
+                    _query("after", {"type": "integer", "minimum": 0, "default": 0},
+                           "only lines with an id greater than this"),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LIMIT,
+                                     "default": 1000}, "page size"),
+                ],
+                "responses": {**_ok("Log lines", _array_of("LogLine")), **_errors(400, 404)},
+            }
+        },
+        "/v1/executions/{execution_id}/pause": _action("Pause an execution", 409),
+        "/v1/executions/{execution_id}/unpause": _action("Unpause a paused execution", 409),
+        "/v1/executions/{execution_id}/cancel": _action(
+            "Cancel an activity or a -cancellable workflow", 409, 422
+        ),
+        "/v1/executions/{execution_id}/stub": {
+            "put": {
+                "summary": "Write the result of an activity_stub execution (idempotent)",
+                "parameters": [_ID_PARAM],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("StubResult")}},
+                },
+                "responses": {**_ok("The execution after the change", _ref("Execution")),
+                              **_errors(400, 404, 409)},
+            }
+        },
+        "/v1/components": {
+            "get": {
+                "summary": "Deployed components and their exported functions",
+                "responses": {**_ok("Components", _array_of("Component")), **_errors()},
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": {"200": {"description": "OpenAPI 3.1 document"}, **_errors()},
+            }
+        },
+    }
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Obelisk (Python) API",
+            "version": "1",
+            "description": "Durable executions: submit, inspect, pause, cancel, stub. "
+            'Errors are {"error": message}.',
+        },
+        "servers": [{"url": "/"}],
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    if auth:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"bearer": []}]
+    return doc
+
+
+__all__ = ["ApiProblem", "component_infos", "execution_info", "make_app", "openapi_document"]

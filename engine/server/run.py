@@ -1,0 +1,208 @@
+"""`obelisk server run`: the engine and the REST API in one asyncio process.
+
+The API token comes from `OBELISK_API_TOKEN`, or is generated and printed at start;
+`--allow-unauthenticated-api` turns authentication off. SIGINT/SIGTERM stop the API,
+then the engine (executors release their locks), then exit 0. Start-up errors print one
+line to stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import logging
+import os
+import secrets
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from aiohttp import web
+
+from engine.engine import Engine
+from engine.errors import DeploymentError, StorageError
+from engine.server.api import make_app
+
+log = logging.getLogger("obelisk.server")
+
+DEFAULT_LISTEN = "127.0.0.1:5005"
+TOKEN_ENV = "OBELISK_API_TOKEN"
+
+
+class ListenError(ValueError):
+    """A `--api-listen` value that is not HOST:PORT."""
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`127.0.0.1:5005`, `[::1]:5005`, `localhost:0` → (host, port)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ListenError(f"expected HOST:PORT (e.g. {DEFAULT_LISTEN}), got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ListenError(f"invalid port {port_text!r} in {text!r} (0-65535)")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@dataclass
+class RunningServer:
+    """An engine with its API listening; `await stop()` shuts both down."""
+
+    engine: Engine
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return _url(self.host, self.port)
+
+    async def stop(self) -> None:
+        try:
+            await self.runner.cleanup()
+        finally:
+            await self.engine.stop()
+
+
+async def start_server(
+    deployment: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str],
+    host: str,
+    port: int,
+    token: str | None,
+) -> RunningServer:
+    """Start the engine, then the API on host:port (port 0: any free port).
+
+    Raises DeploymentError / StorageError from the engine, OSError when the address
+    cannot be bound (the engine is stopped again then).
+    """
+    engine = await Engine.start(deployment, data_dir)
+    runner = web.AppRunner(make_app(engine, token), handler_cancellation=True, access_log=None)
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        await engine.stop()
+        raise
+    bound_port = port
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            bound_port = int(address[1])
+            break
+    return RunningServer(engine, runner, host, bound_port)
+
+
+def _print_components(server: RunningServer, out: TextIO) -> None:
+    components = server.engine.registry.components
+    print(f"Loaded {len(components)} component(s):", file=out)
+    rows = [
+        (c.config.type, c.config.name, c.component_id.digest[:19], ", ".join(c.ffqns))
+        for c in components
+    ]
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
+    for row in rows:
+        cells = [cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)]
+        print("  " + "  ".join([*cells, row[3]]), file=out)
+
+
+async def _serve(
+    deployment: Path, data_dir: Path, host: str, port: int, token: str | None, out: TextIO
+) -> int:
+    try:
+        server = await start_server(deployment, data_dir, host, port, token)
+    except (DeploymentError, StorageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        reason = "address already in use" if e.errno == errno.EADDRINUSE else (
+            e.strerror or str(e)
+        )
+        print(f"error: cannot listen on {_url(host, port)}: {reason}", file=sys.stderr)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        _print_components(server, out)
+        print(f"Data directory: {data_dir}", file=out)
+        print(f"API listening on {server.url}", file=out, flush=True)
+        await stop.wait()
+        print("Shutting down…", file=out, flush=True)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        await server.stop()
+    print("Stopped.", file=out, flush=True)
+    return 0
+
+
+def run_server(
+    deployment: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str] = "data",
+    listen: str = DEFAULT_LISTEN,
+    allow_unauthenticated: bool = False,
+    *,
+    environ: dict[str, str] | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Run until SIGINT/SIGTERM; returns the process exit code."""
+    out = out or sys.stdout
+    env = os.environ if environ is None else environ
+    try:
+        host, port = parse_listen(listen)
+    except ListenError as e:
+        print(f"error: --api-listen: {e}", file=sys.stderr)
+        return 2
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    token: str | None
+    if allow_unauthenticated:
+        token = None
+        print("API authentication is OFF (--allow-unauthenticated-api)", file=out)
+        if not is_loopback(host):
+            print(f"warning: the API on {host} is reachable from other machines without a "
+                  "token", file=sys.stderr)
+    elif env.get(TOKEN_ENV):
+        token = env[TOKEN_ENV]
+        print(f"API token: taken from {TOKEN_ENV}", file=out)
+    else:
+        token = secrets.token_urlsafe(32)
+        print(f"API token (generated): {token}", file=out)
+        print(f"  clients: export {TOKEN_ENV}={token}", file=out)
+    out.flush()
+    try:
+        return asyncio.run(_serve(Path(deployment), Path(data_dir), host, port, token, out))
+    except KeyboardInterrupt:  # a signal before the handlers were installed
+        return 130
+
+
+__all__ = ["RunningServer", "parse_listen", "run_server", "start_server"]
