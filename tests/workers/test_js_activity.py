@@ -19,6 +19,7 @@ from engine.workers.js_activity import (
     JsLoadError,
     is_permanent_err,
     parse_allowed_hosts,
+    warm_up,
 )
 from engine.workers.outcome import (
     LogLine,
@@ -525,6 +526,11 @@ def test_unbounded_recursion_is_trap() -> None:
 # ---------------------------------------------------------------------------
 # Threads and loops
 # ---------------------------------------------------------------------------
+
+
+def test_warm_up_is_idempotent() -> None:
+    warm_up()
+    warm_up()
 
 
 def test_concurrent_runs_in_threads() -> None:
