@@ -34,6 +34,7 @@ import platform
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,7 @@ __all__ = [
     "LoadedComponent",
     "WasmActivityRunner",
     "WasmEngine",
+    "engine_of",
     "inspect_exports",
     "install_interrupt",
 ]
@@ -252,9 +254,16 @@ class WasmEngine:
         cache_file = None
         if cache_dir is not None:
             cache_file = Path(cache_dir) / f"{hexdigest}-{_cache_tag()}.cwasm"
-            if cache_file.is_file():
+            # Read into memory rather than `deserialize_file`: that one mmaps the file, and a
+            # cache file rewritten in place later would crash the process (SIGBUS).
+            try:
+                cached = cache_file.read_bytes()
+            except OSError:
+                cached = None
+            if cached is not None:
                 try:
-                    component = wc.Component.deserialize_file(self.engine, str(cache_file))
+                    component = wc.Component.deserialize(self.engine, cached)
+                    _COMPONENT_ENGINES[component] = self
                     return LoadedComponent(component, digest, cache_hit=True)
                 except WasmtimeError as e:
                     _log.warning("ignoring unusable compiled cache %s: %s", cache_file, e)
@@ -264,6 +273,7 @@ class WasmEngine:
             raise ComponentLoadError(
                 f"invalid WebAssembly component: {label}: {_cause(str(e))}"
             ) from None
+        _COMPONENT_ENGINES[component] = self
         if cache_file is not None:
             _write_atomically(cache_file, bytes(component.serialize()))
         return LoadedComponent(component, digest, cache_hit=False)
@@ -272,6 +282,18 @@ class WasmEngine:
         self, source: Path | str | bytes, cache_dir: Path | str | None = None
     ) -> wc.Component:
         return self.load(source, cache_dir).component
+
+
+# Which engine compiled a component: using it with another engine's store or linker fails
+# ("cross-`Engine` instantiation"), so `engine=None` arguments resolve through this.
+_COMPONENT_ENGINES: weakref.WeakKeyDictionary[wc.Component, WasmEngine] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def engine_of(component: wc.Component) -> WasmEngine:
+    """The `WasmEngine` that loaded `component` (the shared engine if it was not loaded here)."""
+    return _COMPONENT_ENGINES.get(component) or WasmEngine.shared()
 
 
 def _check_header(data: bytes, label: str) -> None:
@@ -305,17 +327,21 @@ def _write_atomically(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _causes(message: str) -> list[str]:
+    """The lines of a wasmtime (anyhow) error: the context, then each numbered cause."""
+    head, _, tail = message.partition("Caused by:")
+    lines = [head.strip().splitlines()[0].strip().rstrip(":")] if head.strip() else []
+    for line in tail.strip().splitlines():
+        line = re.sub(r"^\d+:\s*", "", line.strip())
+        if line:
+            lines.append(line)
+    return lines
+
+
 def _cause(message: str) -> str:
-    """The innermost cause of a wasmtime error message, on one line."""
-    tail = message.rsplit("Caused by:", 1)[-1]
-    lines = [line.strip() for line in tail.strip().splitlines() if line.strip()]
-    if not lines:
-        return message.strip()
-    if "Caused by:" in message:
-        # anyhow prints a numbered chain ("0: outer", "1: inner"); keep the last cause
-        last = lines[-1]
-        return re.sub(r"^\d+:\s*", "", last)
-    return lines[0]
+    """A wasmtime error on one line: context and causes, without the backtrace banner."""
+    lines = [x for x in _causes(message) if not x.startswith("error while executing at wasm")]
+    return ": ".join(lines) or message.strip()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,7 +357,7 @@ def inspect_exports(
     `myapp:demo/activity@1.0.0.step`. Functions exported outside an interface are ignored.
     A function whose types have no JSON form (resources, streams…) is a `ComponentLoadError`.
     """
-    eng = (engine or WasmEngine.shared()).engine
+    eng = (engine or engine_of(component)).engine
     out: dict[str, FunctionSignature] = {}
     for ifc_name, ext in component.type.exports(eng).items():
         ifc = ext.ty
@@ -473,7 +499,8 @@ def _trap_outcome(error: WasmtimeError) -> RunTrap:
     message = str(error)
     if isinstance(error, wasmtime.ExitTrap):
         return RunTrap(f"guest exited with code {error.code}", message)
-    cause = _cause(message)
+    causes = _causes(message)
+    cause = causes[-1] if causes else message.strip()
     if cause.startswith("wasm trap: "):
         what = cause.removeprefix("wasm trap: ")
         return RunTrap(f"trap: {_TRAP_NAMES.get(what, what)}", message)
@@ -499,7 +526,7 @@ class WasmActivityRunner:
     ) -> None:
         self.component = component
         self.signatures = dict(signatures)
-        self.engine = engine or WasmEngine.shared()
+        self.engine = engine or engine_of(component)
         self._linker = self.engine.activity_linker()
 
     def verify_instantiable(self) -> None:

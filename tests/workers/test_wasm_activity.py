@@ -1,0 +1,352 @@
+"""The WASM activity runner against the WAT-built `testing:fixtures/activity` component."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # tests/workers is not a package: make `tests.fixtures` importable
+    sys.path.insert(0, str(ROOT))
+
+from engine.wit.types import STRING, U64, FunctionSignature, WitResult  # noqa: E402
+from engine.workers.outcome import (  # noqa: E402
+    LogLine,
+    RunCancelled,
+    RunErr,
+    RunOk,
+    RunOutcome,
+    RunTimedOut,
+    RunTrap,
+)
+from engine.workers.wasm_activity import (  # noqa: E402
+    ComponentLoadError,
+    WasmActivityRunner,
+    WasmEngine,
+    inspect_exports,
+)
+from tests.fixtures import components as fx  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[WasmActivityRunner]:
+    engine = WasmEngine.shared()
+    component = engine.load_component(fx.activity_component())
+    yield WasmActivityRunner(component, inspect_exports(component))
+
+
+def run(
+    runner: WasmActivityRunner,
+    function: str,
+    params: list[Any],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 5.0,
+    cancel: threading.Event | None = None,
+    log: list[LogLine] | None = None,
+) -> RunOutcome:
+    return runner.run(
+        fx.ffqn(function),
+        params,
+        env or {},
+        time.monotonic() + timeout,
+        cancel or threading.Event(),
+        (log if log is not None else []).append,
+    )
+
+
+def test_exports_are_inspected_with_names_and_types(runner: WasmActivityRunner) -> None:
+    sigs = runner.signatures
+    assert set(sigs) == {
+        fx.ffqn(f)
+        for f in (
+            "echo",
+            "add",
+            "fail",
+            "fail-permanent",
+            "fail-temporary",
+            "trap",
+            "trap-until",
+            "spin",
+            "env-vars",
+            "print",
+            "print-err",
+            "log-info",
+            "log-levels",
+        )
+    }
+    assert sigs[fx.ffqn("add")] == FunctionSignature(
+        [("a", U64), ("b", U64)], WitResult(U64, STRING)
+    )
+    assert sigs[fx.ffqn("trap-until")].params == [("unix-ms", U64)]
+    assert sigs[fx.ffqn("fail-permanent")].format() == (
+        "func(msg: string) -> result<string, variant { permanent-failure(string), temporary(string) }>"
+    )
+
+
+def test_ok(runner: WasmActivityRunner) -> None:
+    assert run(runner, "echo", ["héllo"]) == RunOk("héllo")
+    assert run(runner, "add", [2**63, 5]) == RunOk(2**63 + 5)
+    assert run(runner, "print", ["x"]) == RunOk(None)
+
+
+def test_err_string_is_temporary(runner: WasmActivityRunner) -> None:
+    assert run(runner, "fail", ["boom"]) == RunErr("boom", permanent=False)
+
+
+def test_err_variant_permanent_case(runner: WasmActivityRunner) -> None:
+    assert run(runner, "fail-permanent", ["no"]) == RunErr(
+        {"permanent-failure": "no"}, permanent=True
+    )
+    assert run(runner, "fail-temporary", ["later"]) == RunErr(
+        {"temporary": "later"}, permanent=False
+    )
+
+
+def test_trap(runner: WasmActivityRunner) -> None:
+    outcome = run(runner, "trap", [])
+    assert isinstance(outcome, RunTrap)
+    assert outcome.reason == "trap: unreachable"
+    assert "unreachable" in outcome.detail and "wasm backtrace" in outcome.detail
+
+
+def test_trap_until_uses_the_wall_clock(runner: WasmActivityRunner) -> None:
+    future = int(time.time() * 1000) + 60_000
+    assert isinstance(run(runner, "trap-until", [future]), RunTrap)
+    outcome = run(runner, "trap-until", [0])
+    assert isinstance(outcome, RunOk) and abs(outcome.value - time.time() * 1000) < 60_000
+
+
+def test_spin_times_out_at_the_deadline(runner: WasmActivityRunner) -> None:
+    start = time.monotonic()
+    assert run(runner, "spin", [], timeout=0.15) == RunTimedOut()
+    elapsed = time.monotonic() - start
+    assert 0.14 <= elapsed < 0.5
+
+
+def test_deadline_already_passed(runner: WasmActivityRunner) -> None:
+    assert run(runner, "echo", ["x"], timeout=-1) == RunTimedOut()
+
+
+def test_cancel_interrupts_a_spinning_guest_quickly(runner: WasmActivityRunner) -> None:
+    cancel = threading.Event()
+    outcome: list[RunOutcome] = []
+    worker = threading.Thread(target=lambda: outcome.append(run(runner, "spin", [], cancel=cancel)))
+    worker.start()
+    time.sleep(0.1)
+    cancelled_at = time.monotonic()
+    cancel.set()
+    worker.join(2)
+    latency = time.monotonic() - cancelled_at
+    assert outcome == [RunCancelled()]
+    assert latency < 0.1  # ~one 5 ms epoch tick, with slack for a busy CI machine
+
+
+def test_cancel_already_set(runner: WasmActivityRunner) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    assert run(runner, "echo", ["x"], cancel=cancel) == RunCancelled()
+
+
+def test_only_declared_env_vars_are_visible(
+    runner: WasmActivityRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OBELISK_TEST_HOST_SECRET", "do-not-leak")
+    assert run(runner, "env-vars", []) == RunOk([])
+    outcome = run(runner, "env-vars", [], env={"GREETING": "hi", "MODE": "test"})
+    assert isinstance(outcome, RunOk)
+    assert sorted(outcome.value) == [["GREETING", "hi"], ["MODE", "test"]]
+
+
+def test_stdout_and_stderr_are_captured_as_lines(runner: WasmActivityRunner) -> None:
+    log: list[LogLine] = []
+    assert run(runner, "print", ["first\r\nsecond\n\nlast without newline"], log=log) == RunOk(None)
+    assert run(runner, "print-err", ["oops\n"], log=log) == RunOk(None)
+    assert log == [
+        LogLine("info", "first", "stdout"),
+        LogLine("info", "second", "stdout"),
+        LogLine("info", "", "stdout"),
+        LogLine("info", "last without newline", "stdout"),
+        LogLine("error", "oops", "stderr"),
+    ]
+
+
+def test_obelisk_log(runner: WasmActivityRunner) -> None:
+    log: list[LogLine] = []
+    assert run(runner, "log-info", ["hello"], log=log) == RunOk(None)
+    assert log == [LogLine("info", "hello")]
+    log.clear()
+    assert run(runner, "log-levels", ["m"], log=log) == RunOk(None)
+    assert [(line.level, line.message, line.stream) for line in log] == [
+        (level, "m", "log") for level in ("trace", "debug", "info", "warn", "error")
+    ]
+
+
+def test_sink_is_called_on_the_worker_thread(runner: WasmActivityRunner) -> None:
+    threads: set[int] = set()
+    runner.run(
+        fx.ffqn("print"),
+        ["a\nb\n"],
+        {},
+        time.monotonic() + 5,
+        threading.Event(),
+        lambda _line: threads.add(threading.get_ident()),
+    )
+    assert threads == {threading.get_ident()}
+
+
+def test_failing_log_sink_does_not_break_the_run(runner: WasmActivityRunner) -> None:
+    def sink(_line: LogLine) -> None:
+        raise RuntimeError("sink down")
+
+    outcome = runner.run(
+        fx.ffqn("log-levels"), ["m"], {}, time.monotonic() + 5, threading.Event(), sink
+    )
+    assert outcome == RunOk(None)
+
+
+def test_bad_params_name_the_parameter(runner: WasmActivityRunner) -> None:
+    outcome = run(runner, "add", [1, -1])
+    assert isinstance(outcome, RunTrap)
+    assert (
+        outcome.reason
+        == "invalid params: parameter 'b': params[1]: expected u64, got -1 (out of range 0..18446744073709551615)"
+    )
+    outcome = run(runner, "add", [1])
+    assert isinstance(outcome, RunTrap)
+    assert outcome.reason == "invalid params: expected 2 (a: u64, b: u64), got 1"
+
+
+def test_unknown_function(runner: WasmActivityRunner) -> None:
+    outcome = runner.run(
+        "testing:fixtures/activity.nope", [], {}, time.monotonic() + 1, threading.Event(), print
+    )
+    assert isinstance(outcome, RunTrap) and "nope" in outcome.reason
+
+
+def test_concurrent_runs_keep_their_own_logs_and_outcomes(runner: WasmActivityRunner) -> None:
+    results: dict[int, tuple[RunOutcome, list[LogLine]]] = {}
+    spin_cancel = threading.Event()
+
+    def work(i: int) -> None:
+        log: list[LogLine] = []
+        if i == 0:
+            outcome = run(runner, "spin", [], cancel=spin_cancel, log=log)
+        elif i % 3 == 1:
+            outcome = run(runner, "trap", [], log=log)
+        else:
+            outcome = run(runner, "log-levels", [f"run {i}"], log=log)
+            outcome2 = run(runner, "print", [f"out {i}\n"], log=log)
+            assert outcome2 == RunOk(None)
+        results[i] = (outcome, log)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    spin_cancel.set()
+    for t in threads:
+        t.join(5)
+    assert results[0][0] == RunCancelled()
+    for i in range(1, 12):
+        outcome, log = results[i]
+        if i % 3 == 1:
+            assert isinstance(outcome, RunTrap) and outcome.reason == "trap: unreachable"
+            assert log == []
+        else:
+            assert outcome == RunOk(None)
+            assert [line.message for line in log] == [f"run {i}"] * 5 + [f"out {i}"]
+
+
+def test_not_a_component(tmp_path: Path) -> None:
+    engine = WasmEngine.shared()
+    core = fx.core_module_file()
+    with pytest.raises(
+        ComponentLoadError,
+        match=rf"^not a WebAssembly component: {core}: it is a core WebAssembly module",
+    ):
+        engine.load(core)
+    text = tmp_path / "x.wasm"
+    text.write_text("hello")
+    with pytest.raises(
+        ComponentLoadError, match=rf"^not a WebAssembly component: {text}: not a WebAssembly binary"
+    ):
+        engine.load(text)
+    empty = tmp_path / "empty.wasm"
+    empty.write_bytes(b"")
+    with pytest.raises(ComponentLoadError, match="the file is empty"):
+        engine.load(empty)
+    broken = tmp_path / "broken.wasm"
+    broken.write_bytes(fx.activity_component().read_bytes()[:200])
+    with pytest.raises(ComponentLoadError, match=rf"^invalid WebAssembly component: {broken}: "):
+        engine.load(broken)
+    with pytest.raises(ComponentLoadError, match=r"^cannot read component: .*missing\.wasm"):
+        engine.load(tmp_path / "missing.wasm")
+
+
+def test_compiled_cache(tmp_path: Path) -> None:
+    engine = WasmEngine.shared()
+    path = fx.activity_component()
+    digest = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    first = engine.load(path, tmp_path)
+    assert (first.digest, first.cache_hit) == (digest, False)
+    cached = list(tmp_path.iterdir())
+    assert len(cached) == 1 and cached[0].name.startswith(digest.removeprefix("sha256:"))
+    second = engine.load(path, tmp_path)
+    assert (second.digest, second.cache_hit) == (digest, True)
+    assert engine.load(path.read_bytes(), tmp_path).cache_hit
+    # the cached code works
+    runner = WasmActivityRunner(second.component, inspect_exports(second.component))
+    assert runner.run(
+        fx.ffqn("echo"), ["c"], {}, time.monotonic() + 5, threading.Event(), print
+    ) == RunOk("c")
+    # a corrupt cache entry is replaced
+    cached[0].write_bytes(b"garbage")
+    assert not engine.load(path, tmp_path).cache_hit
+    assert engine.load(path, tmp_path).cache_hit
+
+
+def test_unsatisfied_import(tmp_path: Path) -> None:
+    wit = """\
+package testing:unknown;
+interface thing { poke: func(); }
+interface activity { go: func() -> result; }
+world w { import thing; export activity; }
+"""
+    wat = """\
+(module
+  (import "cm32p2|testing:unknown/thing" "poke" (func $poke))
+  (memory (export "cm32p2_memory") 1)
+  (func (export "cm32p2|testing:unknown/activity|go") (result i32) (call $poke) (i32.const 0)))
+"""
+    path = fx.build_component("unknown-import", {"w.wit": wit}, wat)
+    engine = WasmEngine.shared()
+    component = engine.load_component(path)
+    sigs = inspect_exports(component)
+    assert list(sigs) == ["testing:unknown/activity.go"]
+    runner = WasmActivityRunner(component, sigs)
+    with pytest.raises(ComponentLoadError, match="testing:unknown/thing"):
+        runner.verify_instantiable()
+    outcome = runner.run(
+        "testing:unknown/activity.go", [], {}, time.monotonic() + 5, threading.Event(), print
+    )
+    assert isinstance(outcome, RunTrap) and outcome.reason.startswith("cannot instantiate")
+
+
+def test_component_of_another_engine_runs_on_that_engine() -> None:
+    engine = WasmEngine()  # not the shared one
+    component = engine.load_component(fx.activity_component())
+    runner = WasmActivityRunner(component, inspect_exports(component))
+    assert runner.engine is engine
+    outcome = runner.run(fx.ffqn("spin"), [], {}, time.monotonic() + 0.05, threading.Event(), print)
+    assert outcome == RunTimedOut()  # its own epoch ticker is running
+    assert runner.run(
+        fx.ffqn("echo"), ["e"], {}, time.monotonic() + 5, threading.Event(), print
+    ) == RunOk("e")
