@@ -57,7 +57,9 @@ class Registry:
         try:
             return self.functions[ffqn]
         except KeyError:
-            raise UnknownFunction(f"function {ffqn} is not exported by any deployed component") from None
+            raise UnknownFunction(
+                f"function {ffqn} is not exported by any deployed component"
+            ) from None
 
     def validate_params(self, ffqn: str, params: Any) -> list[Any]:
         """Check params against the function's WIT types (SPEC §9.2); name the bad one."""
@@ -87,7 +89,9 @@ def _read(config: ComponentConfig) -> bytes:
     try:
         return config.location.read_bytes()
     except OSError as e:
-        raise DeploymentError(f"{config.section}: cannot read {config.location}: {e.strerror}") from None
+        raise DeploymentError(
+            f"{config.section}: cannot read {config.location}: {e.strerror}"
+        ) from None
 
 
 def _typed_digest(config: ComponentConfig, source: bytes) -> str:
@@ -110,18 +114,30 @@ def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -
     if config.type == "activity_stub":
         digest = _typed_digest(config, b"")
         fn = _declared_function(config)
-        return LoadedComponent(config, ev.ComponentId("activity_stub", config.name, digest), {fn.ffqn: fn})
+        return LoadedComponent(
+            config, ev.ComponentId("activity_stub", config.name, digest), {fn.ffqn: fn}
+        )
     data = _read(config)
     if config.type == "activity_js":
         digest = _typed_digest(config, data)
         source = data.decode("utf-8", errors="replace")
         try:
-            runner = js_activity.JsActivityRunner(source, str(config.location), config.export)
+            js_activity.parse_allowed_hosts(list(config.allowed_hosts))
+        except ValueError as e:
+            raise DeploymentError(f"{config.section}, key `allowed_host`: {e}") from None
+        try:
+            runner = js_activity.JsActivityRunner(
+                source, str(config.location), config.export, env_vars=dict(config.env_vars)
+            )
         except js_activity.JsLoadError as e:
             raise DeploymentError(f"{config.section}: {e}") from None
         fn = _declared_function(config)
         return LoadedComponent(
-            config, ev.ComponentId("activity_js", config.name, digest), {fn.ffqn: fn}, runner, source
+            config,
+            ev.ComponentId("activity_js", config.name, digest),
+            {fn.ffqn: fn},
+            runner,
+            source,
         )
     if config.type == "activity_wasm":
         digest = file_digest(data)
@@ -142,9 +158,11 @@ def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -
         }
         if not functions:
             raise DeploymentError(f"{config.section}: {config.location} exports no functions")
-        runner = wasm_activity.WasmActivityRunner(component, signatures)
         return LoadedComponent(
-            config, ev.ComponentId("activity_wasm", config.name, digest), functions, runner
+            config,
+            ev.ComponentId("activity_wasm", config.name, digest),
+            functions,
+            wasm_activity.WasmActivityRunner(component, signatures),
         )
     raise DeploymentError(
         f"{config.section}: {config.type} components are not supported by this version yet"
@@ -168,7 +186,9 @@ async def load_registry(
                     f"{deployment.path}: {component.config.section} exports {ffqn}, "
                     f"which {other} already exports"
                 )
-            if info.return_type is None or not format_wit_type(info.return_type).startswith("result"):
+            if info.return_type is None or not format_wit_type(info.return_type).startswith(
+                "result"
+            ):
                 raise DeploymentError(
                     f"{deployment.path}: {component.config.section}: {ffqn} must return a result<…>"
                 )

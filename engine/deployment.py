@@ -77,8 +77,15 @@ _KEYS: dict[str, set[str]] = {
     | {"location", "max_retries", "retry_exp_backoff", "env_vars", "allowed_host"},
     "activity_js": _COMMON_KEYS
     | {
-        "location", "ffqn", "params", "return_type", "max_retries", "retry_exp_backoff",
-        "env_vars", "allowed_host", "export",
+        "location",
+        "ffqn",
+        "params",
+        "return_type",
+        "max_retries",
+        "retry_exp_backoff",
+        "env_vars",
+        "allowed_host",
+        "export",
     },
     "activity_stub": {"name", "ffqn", "params", "return_type"},
     "workflow_js": _COMMON_KEYS
@@ -100,7 +107,9 @@ class _Ctx:
         return DeploymentError(f"{where}: {message}")
 
 
-def load_deployment(path: str | os.PathLike[str], environ: dict[str, str] | None = None) -> Deployment:
+def load_deployment(
+    path: str | os.PathLike[str], environ: dict[str, str] | None = None
+) -> Deployment:
     """Read and validate a deployment file. Raises DeploymentError naming file/section/key."""
     p = Path(path)
     env = dict(os.environ if environ is None else environ)
@@ -128,12 +137,16 @@ def load_deployment(path: str | os.PathLike[str], environ: dict[str, str] | None
     for c in components:
         key = (c.type, c.name)
         if key in names:
-            raise DeploymentError(f"{p}: {c.section}: duplicate name `{c.name}` (also {names[key]})")
+            raise DeploymentError(
+                f"{p}: {c.section}: duplicate name `{c.name}` (also {names[key]})"
+            )
         names[key] = c.section
     return Deployment(p, tuple(components))
 
 
-def _component(path: Path, section: str, index: int, table: dict[str, Any], env: dict[str, str]) -> ComponentConfig:
+def _component(
+    path: Path, section: str, index: int, table: dict[str, Any], env: dict[str, str]
+) -> ComponentConfig:
     label = f"[[{section}]] #{index}"
     name = table.get("name")
     if section == "activity_stub" and name is None and isinstance(table.get("ffqn"), str):
@@ -163,7 +176,9 @@ def _component(path: Path, section: str, index: int, table: dict[str, Any], env:
         params = _params(ctx, table.get("params", []))
         rt = table.get("return_type")
         if not isinstance(rt, str):
-            raise ctx.error("return_type", "missing or not a string (e.g. \"result<string, string>\")")
+            raise ctx.error(
+                "return_type", 'missing or not a string (e.g. "result<string, string>")'
+            )
         return_type = _wit_type(ctx, "return_type", rt)
         if not format_wit_type(return_type).startswith("result"):
             raise ctx.error("return_type", f"must be a result<…>, got `{rt}`")
@@ -206,7 +221,7 @@ def _component(path: Path, section: str, index: int, table: dict[str, Any], env:
 
 def _ffqn(ctx: _Ctx, value: Any) -> str:
     if not isinstance(value, str):
-        raise ctx.error("ffqn", "missing or not a string (e.g. \"myapp:demo/activity.step\")")
+        raise ctx.error("ffqn", 'missing or not a string (e.g. "myapp:demo/activity.step")')
     if not is_ffqn(value):
         raise ctx.error("ffqn", f"`{value}` is not namespace:package/interface.function")
     return value
@@ -242,7 +257,9 @@ def _params(ctx: _Ctx, value: Any) -> tuple[Param, ...]:
 
 def _duration_ms(ctx: _Ctx, key: str, value: Any) -> int:
     if not isinstance(value, dict) or len(value) != 1:
-        raise ctx.error(key, f"must be one of {', '.join(_DURATION_UNITS_MS)} (e.g. {key}.seconds = 1)")
+        raise ctx.error(
+            key, f"must be one of {', '.join(_DURATION_UNITS_MS)} (e.g. {key}.seconds = 1)"
+        )
     ((unit, amount),) = value.items()
     if unit not in _DURATION_UNITS_MS:
         raise ctx.error(f"{key}.{unit}", f"unknown unit (use {', '.join(_DURATION_UNITS_MS)})")
@@ -256,7 +273,9 @@ def _exec(ctx: _Ctx, value: Any, *, workflow: bool) -> ExecConfig:
         raise ctx.error("exec", "must be a table")
     for key in value:
         if key not in _EXEC_KEYS:
-            raise ctx.error(f"exec.{key}", f"unknown key (allowed: {', '.join(sorted(_EXEC_KEYS))})")
+            raise ctx.error(
+                f"exec.{key}", f"unknown key (allowed: {', '.join(sorted(_EXEC_KEYS))})"
+            )
     cfg: dict[str, int] = {}
     for key in ("batch_size", "max_inflight"):
         if key in value:
@@ -281,8 +300,10 @@ def _env_vars(ctx: _Ctx, value: Any, env: dict[str, str]) -> dict[str, str]:
         if isinstance(item, str):
             if item in env:  # passed through from the server's environment when set
                 out[item] = env[item]
-        elif isinstance(item, dict) and set(item) == {"key", "value"} and all(
-            isinstance(v, str) for v in item.values()
+        elif (
+            isinstance(item, dict)
+            and set(item) == {"key", "value"}
+            and all(isinstance(v, str) for v in item.values())
         ):
             out[item["key"]] = item["value"]
         else:

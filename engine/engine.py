@@ -110,7 +110,7 @@ class Engine:
     ) -> str:
         """Create a top-level execution. UnknownFunction (404), InvalidParams (400),
         Conflict (409: the id exists with other params)."""
-        info, component = self.registry.function(ffqn)
+        _, component = self.registry.function(ffqn)
         checked = self.registry.validate_params(ffqn, params)
         if execution_id is None:
             eid = ExecutionId.generate()

@@ -13,9 +13,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from engine.components import LoadedComponent
@@ -58,7 +58,10 @@ def outcome_to_event(
                 except WitValueError as e:
                     detail = str(e)
                     return on_temporary_failure(
-                        s, now, "invalid return value", detail,
+                        s,
+                        now,
+                        "invalid return value",
+                        detail,
                         ev.ExecutionFailure("uncategorized", "invalid return value", detail),
                     )
             return ev.Finished(ev.ResultOk(value))
@@ -74,7 +77,11 @@ def outcome_to_event(
             )
         case RunTimedOut():
             return on_temporary_failure(
-                s, now, "timed out", "", ev.ExecutionFailure("timed_out", "activity timed out"),
+                s,
+                now,
+                "timed out",
+                "",
+                ev.ExecutionFailure("timed_out", "activity timed out"),
                 timed_out=True,
             )
         case RunCancelled():
@@ -106,7 +113,9 @@ class ActivityExecutor:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name=f"executor {self.component.config.name}")
+        self._task = asyncio.create_task(
+            self._loop(), name=f"executor {self.component.config.name}"
+        )
 
     async def _loop(self) -> None:
         cfg = self.component.config.exec
@@ -153,22 +162,28 @@ class ActivityExecutor:
             deadline = time.monotonic() + max(0.0, remaining)
             run = self._runner_call(locked, deadline, cancel, lines.append)
             outcome = await asyncio.get_running_loop().run_in_executor(self.threads, run)
+            now = self.clock.now()
             if self._stopping and not isinstance(outcome, RunOk | RunErr):
                 # Interrupted by shutdown, not by the activity: release without a retry.
-                event: ev.Event = ev.Unlocked(self.clock.now(), "executor closing")
+                event: ev.Event = ev.Unlocked(now, "executor closing")
             else:
-                ok_type = _ok_type(info.return_type)
-                event = outcome_to_event(locked, outcome, self.clock.now(), ok_type)
-            await self._append(locked, event, lines)
+                event = outcome_to_event(locked, outcome, now, _ok_type(info.return_type))
+            await self._append(locked, event, lines, now)
         except Exception:
-            log.exception("executor %s: run of %s failed", self.component.config.name, locked.execution_id)
+            log.exception(
+                "executor %s: run of %s failed", self.component.config.name, locked.execution_id
+            )
         finally:
             self._slots.release()
             self.storage.subscribe_cancellations().remove(locked.execution_id)
             self._inflight.pop(locked.execution_id, None)
 
     def _runner_call(
-        self, locked: LockedExecution, deadline: float, cancel: threading.Event, sink: Callable[[LogLine], None]
+        self,
+        locked: LockedExecution,
+        deadline: float,
+        cancel: threading.Event,
+        sink: Callable[[LogLine], None],
     ) -> Callable[[], RunOutcome]:
         cfg = self.component.config
         runner = self.component.runner
@@ -176,19 +191,30 @@ class ActivityExecutor:
             return lambda: runner.run(
                 locked.params, deadline, cancel, sink, list(cfg.allowed_hosts), dict(cfg.env_vars)
             )
-        return lambda: runner.run(locked.ffqn, locked.params, dict(cfg.env_vars), deadline, cancel, sink)
+        return lambda: runner.run(
+            locked.ffqn, locked.params, dict(cfg.env_vars), deadline, cancel, sink
+        )
 
-    async def _append(self, locked: LockedExecution, event: ev.Event, lines: list[LogLine]) -> None:
+    async def _append(
+        self, locked: LockedExecution, event: ev.Event, lines: list[LogLine], now: datetime
+    ) -> None:
         extras = AppendExtras(logs=lines, run_id=locked.run_id)
         try:
             await self.storage.append(
-                locked.execution_id, locked.next_version, [event], self.clock.now(), extras
+                locked.execution_id, locked.next_version, [event], now, extras
             )
         except (Conflict, NotFound) as e:
             # Someone else moved it on (the watcher after a lock expiry, a cancellation).
-            log.info("executor %s: dropped outcome of %s: %s", self.component.config.name, locked.execution_id, e)
+            log.info(
+                "executor %s: dropped outcome of %s: %s",
+                self.component.config.name,
+                locked.execution_id,
+                e,
+            )
             if lines:
-                await self.storage.append_logs(locked.execution_id, locked.run_id, lines, self.clock.now())
+                await self.storage.append_logs(
+                    locked.execution_id, locked.run_id, lines, self.clock.now()
+                )
 
     async def stop(self) -> None:
         """Stop locking; interrupt runs and release them with `unlocked("executor closing")`."""
@@ -235,18 +261,22 @@ class TimersWatcher:
         """One pass; returns how many timers it handled (tests call it directly)."""
         now = self.clock.now()
         locks, delays = await self.storage.expired_timers(now - self.LEEWAY)
-        jobs = []
+        jobs: list[Awaitable[object]] = []
         for lock in locks:
             s = lock.summary
             if s.cancelling:
-                event: ev.Event = ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
+                event: ev.Event = ev.Finished(
+                    ev.ExecutionFailure("cancelled", "cancellation requested")
+                )
             else:
                 event = on_lock_expired(s, now)
             jobs.append(self.storage.append(lock.execution_id, lock.next_version, [event], now))
         for delay in delays:
             jobs.append(
                 self.storage.append_response(
-                    delay.execution_id, ev.DelayFinished(delay.delay_id, delay.join_set_id, "ok"), now
+                    delay.execution_id,
+                    ev.DelayFinished(delay.delay_id, delay.join_set_id, "ok"),
+                    now,
                 )
             )
         for result in await asyncio.gather(*jobs, return_exceptions=True):
