@@ -529,9 +529,10 @@ class WasmActivityRunner:
         self.engine = engine or engine_of(component)
         self._linker = self.engine.activity_linker()
 
-    def verify_instantiable(self) -> None:
+    def verify_instantiable(self, timeout: float = 5.0) -> None:
         """Instantiate once (imports satisfiable?) so a deployment fails early and clearly."""
-        store, _ = self.engine.new_store(lambda: None)
+        limit = time.monotonic() + timeout
+        store, _ = self.engine.new_store(lambda: "timeout" if time.monotonic() > limit else None)
         store.set_wasi(wasmtime.WasiConfig())
         store.set_wasi_http()
         try:
@@ -563,10 +564,10 @@ class WasmActivityRunner:
             return args
         interface, _, function = ffqn.rpartition(".")
 
-        def check() -> str | None:
-            state = _active_state()
-            if state is not None:
-                state.flush_output()
+        state = _RunState(log)
+
+        def check() -> str | None:  # on the guest's thread, every epoch tick
+            state.flush_output()
             if cancel.is_set():
                 return "cancelled"
             if time.monotonic() >= deadline:
@@ -576,7 +577,6 @@ class WasmActivityRunner:
         if (early := check()) is not None:
             return RunCancelled() if early == "cancelled" else RunTimedOut()
 
-        state = _RunState(log)
         store, interrupt = self.engine.new_store(check)
         wasi = wasmtime.WasiConfig()
         wasi.env = [(k, v) for k, v in env_vars.items()]
@@ -614,6 +614,9 @@ class WasmActivityRunner:
                 return interrupted_or_trap(e)
             except (TypeError, ValueError) as e:  # wasmtime-py rejected a converted value
                 return RunTrap(f"invalid params: {e}", repr(e))
+            except Exception as e:  # a bug on our side: report it rather than kill the worker
+                _log.exception("calling %s failed", ffqn)
+                return RunTrap(f"internal error: {type(e).__name__}: {e}"[:300], repr(e))
             try:
                 _post_return(func, store)
             except WasmtimeError as e:

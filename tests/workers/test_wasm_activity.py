@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # tests/workers is not a package: make `tests.fixtures` importable
     sys.path.insert(0, str(ROOT))
 
-from engine.wit.types import STRING, U64, FunctionSignature, WitResult  # noqa: E402
+from engine.wit.types import STRING, U32, U64, FunctionSignature, WitResult  # noqa: E402
 from engine.workers.outcome import (  # noqa: E402
     LogLine,
     RunCancelled,
@@ -318,19 +318,20 @@ def test_unsatisfied_import(tmp_path: Path) -> None:
 package testing:unknown;
 interface thing { poke: func(); }
 interface activity { go: func() -> result; }
-world w { import thing; export activity; }
+world w { import thing; export activity; export bare: func(); }
 """
     wat = """\
 (module
   (import "cm32p2|testing:unknown/thing" "poke" (func $poke))
   (memory (export "cm32p2_memory") 1)
+  (func (export "cm32p2||bare"))
   (func (export "cm32p2|testing:unknown/activity|go") (result i32) (call $poke) (i32.const 0)))
 """
     path = fx.build_component("unknown-import", {"w.wit": wit}, wat)
     engine = WasmEngine.shared()
     component = engine.load_component(path)
     sigs = inspect_exports(component)
-    assert list(sigs) == ["testing:unknown/activity.go"]
+    assert list(sigs) == ["testing:unknown/activity.go"]  # the bare function is ignored
     runner = WasmActivityRunner(component, sigs)
     with pytest.raises(ComponentLoadError, match="testing:unknown/thing"):
         runner.verify_instantiable()
@@ -350,3 +351,28 @@ def test_component_of_another_engine_runs_on_that_engine() -> None:
     assert runner.run(
         fx.ffqn("echo"), ["e"], {}, time.monotonic() + 5, threading.Event(), print
     ) == RunOk("e")
+
+
+def test_versioned_interface_ffqn() -> None:
+    wit = """\
+package testing:versioned@1.2.0;
+interface activity { answer: func(question: string) -> result<u32, string>; }
+world w { export activity; }
+"""
+    wat = """\
+(module
+  (memory (export "cm32p2_memory") 1)
+  (func (export "cm32p2_realloc") (param i32 i32 i32 i32) (result i32) (i32.const 1024))
+  (func (export "cm32p2|testing:versioned/activity@1|answer") (param i32 i32) (result i32)
+    (i32.store8 (i32.const 16) (i32.const 0))
+    (i32.store (i32.const 20) (i32.const 42))
+    (i32.const 16)))
+"""
+    component = WasmEngine.shared().load_component(
+        fx.build_component("versioned", {"w.wit": wit}, wat)
+    )
+    sigs = inspect_exports(component)
+    ffqn = "testing:versioned/activity@1.2.0.answer"
+    assert sigs == {ffqn: FunctionSignature([("question", STRING)], WitResult(U32, STRING))}
+    runner = WasmActivityRunner(component, sigs)
+    assert runner.run(ffqn, ["?"], {}, time.monotonic() + 5, threading.Event(), print) == RunOk(42)
