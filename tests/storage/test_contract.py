@@ -1,0 +1,1164 @@
+"""The storage contract (SPEC §3, §4, §8, §10): tests every backend must pass unchanged.
+
+Parametrised by the `storage` fixture (tests/storage/conftest.py). Time is always passed
+explicitly (`at(seconds)`); waiting is done on futures and tasks, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from engine.core import events as ev
+from engine.core.state import (
+    BlockedByJoinSet,
+    Cancelling,
+    Finished,
+    Locked,
+    LockRef,
+    Paused,
+    PendingAt,
+)
+from engine.storage.contract import (
+    AppendExtras,
+    Conflict,
+    ExpiredDelay,
+    ListFilter,
+    LockedExecution,
+    NotCancellable,
+    NotFound,
+    Storage,
+    StorageError,
+    VersionConflict,
+)
+from engine.workers.outcome import LogLine
+
+from .conftest import (
+    ACTIVITY_FFQN,
+    CANCELLABLE_WORKFLOW_FFQN,
+    OTHER_FFQN,
+    RETRY,
+    WORKFLOW,
+    WORKFLOW_FFQN,
+    Executor,
+    at,
+    child_id,
+    create_request,
+    delay_id,
+    new_id,
+)
+
+OK42 = ev.ResultOk(42)
+CANCELLED_KIND = "execution_failure:cancelled"
+
+
+def kinds(events: list[ev.StoredEvent]) -> list[str]:
+    """The event types of a log, history events as `history_event:<type>`."""
+    out = []
+    for stored in events:
+        tag = stored.event.__struct_config__.tag
+        if isinstance(stored.event, ev.HistoryEvent):
+            tag = f"{tag}:{stored.event.event.__struct_config__.tag}"
+        out.append(str(tag))
+    return out
+
+
+async def create(storage: Storage, ffqn: str = ACTIVITY_FFQN, now: float = 0, **kw: object) -> str:
+    request = create_request(None, ffqn, **kw)  # type: ignore[arg-type]
+    await storage.create(request, at(now))
+    return request.execution_id
+
+
+async def lock(
+    storage: Storage, execution_id: str, now: float, executor: Executor | None = None, **kw: object
+) -> LockedExecution:
+    """Lock exactly `execution_id` (it must be the only due one of its FFQN)."""
+    ffqn = (await storage.get_summary(execution_id)).ffqn
+    executor = executor or Executor([ffqn])
+    locked = await storage.lock_pending(**executor.lock_args(at(now), **kw))
+    assert [le.execution_id for le in locked] == [execution_id]
+    return locked[0]
+
+
+async def finish(
+    storage: Storage, execution_id: str, now: float, result: ev.ExecutionResult = OK42
+) -> None:
+    le = await lock(storage, execution_id, now)
+    await storage.append(le.execution_id, le.next_version, [ev.Finished(result)], at(now))
+
+
+class BlockedParent:
+    """A workflow that submitted children into join set `g:1` and awaits the first one.
+
+    Built by hand: created → locked → join_set_create → join_set_request × n (children
+    created in the same append) → join_next, blocked.
+    """
+
+    JOIN_SET = "g:1"
+
+    def __init__(self, parent: str, children: list[str], locked: LockedExecution, exr: str):
+        self.parent = parent
+        self.children = children
+        self.locked = locked
+        self.executor_id = exr
+
+    @classmethod
+    async def build(
+        cls, storage: Storage, *, t: float = 0, n_children: int = 1, ffqn: str = WORKFLOW_FFQN
+    ) -> BlockedParent:
+        parent = await create(storage, ffqn, now=t, scheduled_at=at(t))
+        wf = Executor([ffqn], WORKFLOW)
+        locked = await lock(storage, parent, t + 1, wf)
+        js = cls.JOIN_SET
+        children = [child_id(parent, js, n) for n in range(1, n_children + 1)]
+        history: list[ev.Event] = [ev.HistoryEvent(ev.JoinSetCreate(js))]
+        history += [
+            ev.HistoryEvent(ev.JoinSetRequest(js, ev.ChildExecutionRequest(c, ACTIVITY_FFQN, [n])))
+            for n, c in enumerate(children)
+        ]
+        history.append(ev.HistoryEvent(ev.JoinNext(js, run_expires_at=locked.lock_expires_at)))
+        creates = [
+            create_request(
+                c, ACTIVITY_FFQN, params=[n], parent=(parent, js), scheduled_at=at(t + 2)
+            )
+            for n, c in enumerate(children)
+        ]
+        s = await storage.append(
+            parent, locked.next_version, history, at(t + 2), AppendExtras(creates=creates)
+        )
+        assert s.state == BlockedByJoinSet(
+            js, locked.lock_expires_at, False, LockRef(wf.executor_id, locked.run_id)
+        )
+        return cls(parent, children, locked, wf.executor_id)
+
+
+# ---------------------------------------------------------------------------------------
+# create
+# ---------------------------------------------------------------------------------------
+
+
+async def test_create_then_read_back(storage: Storage) -> None:
+    request = create_request(params=[1, "two", {"three": None}], scheduled_at=at(5))
+    await storage.create(request, at(1))
+    eid = request.execution_id
+
+    assert await storage.get_created(eid) == request.created
+    [stored] = await storage.get_events(eid)
+    assert stored == ev.StoredEvent(0, at(1), request.created)
+    s = await storage.get_summary(eid)
+    assert s.next_version == 1
+    assert s.ffqn == ACTIVITY_FFQN
+    assert s.state == PendingAt(at(5))
+    row = await storage.get_row(eid)
+    assert (row.execution_id, row.ffqn, row.component_type) == (eid, ACTIVITY_FFQN, "activity_wasm")
+    assert row.state == PendingAt(at(5))
+    assert row.created_at == at(1)
+    assert row.scheduled_at == at(5)
+    assert row.parent_id is None
+    assert row.result is None
+    assert row.next_version == 1
+
+
+async def test_create_is_idempotent_for_same_id_and_params(storage: Storage) -> None:
+    request = create_request(params=[1, 2])
+    await storage.create(request, at(0))
+    await storage.create(request, at(1))
+    assert len(await storage.get_events(request.execution_id)) == 1
+
+
+async def test_create_same_id_other_params_conflicts(storage: Storage) -> None:
+    request = create_request(params=[1, 2])
+    await storage.create(request, at(0))
+    with pytest.raises(Conflict, match=request.execution_id):
+        await storage.create(create_request(request.execution_id, params=[3]), at(1))
+    with pytest.raises(Conflict):
+        await storage.create(create_request(request.execution_id, OTHER_FFQN, params=[1, 2]), at(1))
+    assert (await storage.get_created(request.execution_id)).params == [1, 2]
+
+
+async def test_unknown_execution_is_not_found(storage: Storage) -> None:
+    eid = new_id()
+    for read in (
+        storage.get_summary(eid),
+        storage.get_created(eid),
+        storage.get_row(eid),
+        storage.get_events(eid),
+    ):
+        with pytest.raises(NotFound, match=eid):
+            await read
+
+
+# ---------------------------------------------------------------------------------------
+# lock_pending
+# ---------------------------------------------------------------------------------------
+
+
+async def test_lock_pending_only_due_executions(storage: Storage) -> None:
+    eid = await create(storage, scheduled_at=at(10))
+    exr = Executor([ACTIVITY_FFQN])
+    assert await storage.lock_pending(**exr.lock_args(at(9))) == []
+    [le] = await storage.lock_pending(**exr.lock_args(at(10)))
+    assert le.execution_id == eid
+
+
+async def test_lock_pending_only_listed_ffqns(storage: Storage) -> None:
+    a = await create(storage, ACTIVITY_FFQN)
+    b = await create(storage, OTHER_FFQN)
+    await create(storage, WORKFLOW_FFQN)
+    assert await storage.lock_pending(**Executor(["testing:act/ifc.nope"]).lock_args(at(1))) == []
+    [le] = await storage.lock_pending(**Executor([OTHER_FFQN]).lock_args(at(1)))
+    assert le.execution_id == b
+    locked = await storage.lock_pending(**Executor([ACTIVITY_FFQN, OTHER_FFQN]).lock_args(at(1)))
+    assert [le.execution_id for le in locked] == [a]
+
+
+async def test_lock_pending_oldest_first_and_batch_size(storage: Storage) -> None:
+    ids = {}
+    for name, scheduled in [("c", 3), ("a", 1), ("d", 4), ("b", 2)]:
+        ids[name] = await create(storage, scheduled_at=at(scheduled))
+    exr = Executor([ACTIVITY_FFQN])
+    first = await storage.lock_pending(**exr.lock_args(at(10), batch_size=3))
+    assert [le.execution_id for le in first] == [ids["a"], ids["b"], ids["c"]]
+    second = await storage.lock_pending(**exr.lock_args(at(10), batch_size=3))
+    assert [le.execution_id for le in second] == [ids["d"]]
+    assert await storage.lock_pending(**exr.lock_args(at(10))) == []
+
+
+async def test_lock_pending_returns_what_the_executor_needs(storage: Storage) -> None:
+    eid = await create(storage, params=[{"x": 1}, [2]])
+    exr = Executor([ACTIVITY_FFQN])
+    args = exr.lock_args(at(1), expiry=30)
+    [le] = await storage.lock_pending(**args)
+    assert le.execution_id == eid
+    assert le.ffqn == ACTIVITY_FFQN
+    assert le.params == [{"x": 1}, [2]]
+    assert le.next_version == 2
+    assert le.run_id == args["run_id"]
+    assert le.lock_expires_at == at(31)
+    assert le.parent is None
+    assert le.summary.state == Locked(exr.executor_id, args["run_id"], at(31))
+    assert le.events is None and le.responses is None
+
+    [created, locked] = await storage.get_events(eid)
+    assert locked == ev.StoredEvent(
+        1,
+        at(1),
+        ev.Locked(exr.component, exr.executor_id, args["run_id"], at(31), RETRY),
+    )
+    assert created.version == 0
+    assert (await storage.get_summary(eid)).state == le.summary.state
+
+
+async def test_lock_pending_with_log(storage: Storage) -> None:
+    eid = await create(storage, params=[5])
+    [le] = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(1), with_log=True))
+    assert le.events is not None and le.responses is not None
+    assert [e.version for e in le.events] == [0, 1]
+    assert kinds(le.events) == ["created", "locked"]
+    assert le.events == await storage.get_events(eid)
+    assert le.responses == []
+
+
+async def test_locked_execution_is_not_locked_again(storage: Storage) -> None:
+    await create(storage)
+    await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(1)))
+    assert await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(2))) == []
+
+
+async def test_concurrent_lock_pending_never_locks_twice(storage: Storage) -> None:
+    ids = {await create(storage, scheduled_at=at(i)) for i in range(12)}
+    executors = [Executor([ACTIVITY_FFQN]) for _ in range(4)]
+    batches = await asyncio.gather(
+        *(storage.lock_pending(**e.lock_args(at(20), batch_size=5)) for e in executors)
+    )
+    locked = [le.execution_id for batch in batches for le in batch]
+    assert len(locked) == len(set(locked)) == 12
+    assert set(locked) == ids
+
+
+async def test_paused_and_cancelling_are_not_locked(storage: Storage) -> None:
+    paused = await create(storage, ACTIVITY_FFQN)
+    await storage.pause(paused, at(1))
+    cancelling = await create(storage, CANCELLABLE_WORKFLOW_FFQN)
+    s = await storage.request_cancellation(cancelling, at(1))
+    assert isinstance(s.state, Cancelling)
+    for ffqn in (ACTIVITY_FFQN, CANCELLABLE_WORKFLOW_FFQN):
+        assert await storage.lock_pending(**Executor([ffqn]).lock_args(at(5))) == []
+
+
+async def test_unlocked_execution_is_locked_again_after_backoff(storage: Storage) -> None:
+    eid = await create(storage)
+    le = await lock(storage, eid, 1)
+    s = await storage.append(
+        eid, le.next_version, [ev.TemporarilyFailed(at(5), "trap", "detail")], at(2)
+    )
+    assert s.state == PendingAt(at(5))
+    assert s.temporary_event_count == 1
+    assert await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(4))) == []
+    le2 = await lock(storage, eid, 5)
+    assert le2.next_version == 4
+
+
+# ---------------------------------------------------------------------------------------
+# append
+# ---------------------------------------------------------------------------------------
+
+
+async def test_append_returns_summary_and_writes_events(storage: Storage) -> None:
+    eid = await create(storage)
+    le = await lock(storage, eid, 1)
+    s = await storage.append(eid, le.next_version, [ev.Finished(OK42)], at(3))
+    assert s.state == Finished(2, at(3), "ok")
+    assert s.result == OK42
+    assert s.next_version == 3
+    events = await storage.get_events(eid)
+    assert events[-1] == ev.StoredEvent(2, at(3), ev.Finished(OK42))
+    assert await storage.get_summary(eid) == s
+    row = await storage.get_row(eid)
+    assert row.result == OK42
+    assert row.state == s.state
+    assert row.updated_at == at(3)
+
+
+async def test_append_with_wrong_version_is_a_version_conflict(storage: Storage) -> None:
+    eid = await create(storage)
+    le = await lock(storage, eid, 1)
+    for wrong in (le.next_version - 1, le.next_version + 1, 0):
+        with pytest.raises(VersionConflict):
+            await storage.append(eid, wrong, [ev.Finished(OK42)], at(2))
+    assert len(await storage.get_events(eid)) == 2
+
+
+async def test_concurrent_appends_at_one_version_only_one_wins(storage: Storage) -> None:
+    eid = await create(storage)
+    le = await lock(storage, eid, 1)
+    results = await asyncio.gather(
+        *(
+            storage.append(eid, le.next_version, [ev.Finished(ev.ResultOk(i))], at(2))
+            for i in range(5)
+        ),
+        return_exceptions=True,
+    )
+    ok = [r for r in results if not isinstance(r, BaseException)]
+    assert len(ok) == 1
+    assert all(isinstance(r, VersionConflict) for r in results if isinstance(r, BaseException))
+    assert kinds(await storage.get_events(eid)) == ["created", "locked", "finished"]
+
+
+async def test_append_illegal_transition_conflicts(storage: Storage) -> None:
+    eid = await create(storage)
+    # Unlocked needs a locked execution.
+    with pytest.raises(Conflict) as info:
+        await storage.append(eid, 1, [ev.Unlocked(at(1), "nope")], at(1))
+    assert not isinstance(info.value, VersionConflict)
+    le = await lock(storage, eid, 1)
+    # Another executor cannot take over a running lock.
+    other = Executor([ACTIVITY_FFQN])
+    stolen = ev.Locked(other.component, other.executor_id, le.run_id, at(20), RETRY)
+    with pytest.raises(Conflict):
+        await storage.append(eid, le.next_version, [stolen], at(2))
+    await storage.append(eid, le.next_version, [ev.Finished(OK42)], at(2))
+    # Nothing after finished.
+    with pytest.raises(Conflict):
+        await storage.append(eid, le.next_version + 1, [ev.Finished(OK42)], at(3))
+    assert kinds(await storage.get_events(eid)) == ["created", "locked", "finished"]
+
+
+async def test_lock_extension_by_the_same_run(storage: Storage) -> None:
+    eid = await create(storage)
+    exr = Executor([ACTIVITY_FFQN])
+    le = await lock(storage, eid, 1, exr)
+    extension = ev.Locked(exr.component, exr.executor_id, le.run_id, at(40), RETRY)
+    s = await storage.append(eid, le.next_version, [extension], at(5))
+    assert s.state == Locked(exr.executor_id, le.run_id, at(40))
+
+
+async def test_append_unknown_execution_is_not_found(storage: Storage) -> None:
+    eid = new_id()
+    with pytest.raises(NotFound, match=eid):
+        await storage.append(eid, 1, [ev.Finished(OK42)], at(1))
+
+
+async def test_append_is_atomic_when_a_later_event_is_rejected(storage: Storage) -> None:
+    eid = await create(storage)
+    le = await lock(storage, eid, 1)
+    before = await storage.get_summary(eid)
+    with pytest.raises(Conflict):
+        # The first unlock is legal, the second is not: neither is written.
+        await storage.append(
+            eid, le.next_version, [ev.Unlocked(at(2), "a"), ev.Unlocked(at(2), "b")], at(2)
+        )
+    assert kinds(await storage.get_events(eid)) == ["created", "locked"]
+    assert await storage.get_summary(eid) == before
+    assert (await storage.get_row(eid)).next_version == le.next_version
+
+
+async def test_append_is_atomic_with_its_side_writes(storage: Storage) -> None:
+    """A rejected append creates no child, no timer and no log line."""
+    parent = await create(storage, WORKFLOW_FFQN)
+    le = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    child = child_id(parent, "g:1")
+    delay = delay_id(parent, "o:2-sleep")
+    history = [
+        ev.HistoryEvent(ev.JoinSetCreate("g:1")),
+        ev.HistoryEvent(
+            ev.JoinSetRequest("g:1", ev.ChildExecutionRequest(child, ACTIVITY_FFQN, []))
+        ),
+        ev.HistoryEvent(ev.JoinSetCreate("o:2-sleep")),
+        ev.HistoryEvent(
+            ev.JoinSetRequest("o:2-sleep", ev.DelayRequest(delay, at(3), ev.ScheduleAtIn(1000)))
+        ),
+        ev.HistoryEvent(ev.JoinSetCreate("g:1")),  # illegal: the join set exists
+    ]
+    extras = AppendExtras(
+        creates=[create_request(child, parent=(parent, "g:1"))],
+        logs=[LogLine("info", "hello")],
+        run_id=le.run_id,
+    )
+    with pytest.raises(Conflict):
+        await storage.append(parent, le.next_version, history, at(2), extras)
+    with pytest.raises(NotFound):
+        await storage.get_summary(child)
+    assert (await storage.expired_timers(at(5)))[1] == []
+    assert await storage.next_timer_at() == le.lock_expires_at  # no delay at 3
+    assert await storage.get_logs(parent) == []
+    assert kinds(await storage.get_events(parent)) == ["created", "locked"]
+
+
+async def test_child_request_without_its_create_request_is_rejected(storage: Storage) -> None:
+    parent = await create(storage, WORKFLOW_FFQN)
+    le = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    child = child_id(parent, "g:1")
+    history = [
+        ev.HistoryEvent(ev.JoinSetCreate("g:1")),
+        ev.HistoryEvent(
+            ev.JoinSetRequest("g:1", ev.ChildExecutionRequest(child, ACTIVITY_FFQN, []))
+        ),
+    ]
+    with pytest.raises(StorageError):
+        await storage.append(parent, le.next_version, history, at(2))
+    assert kinds(await storage.get_events(parent)) == ["created", "locked"]
+
+
+async def test_schedule_creates_the_scheduled_execution(storage: Storage) -> None:
+    parent = await create(storage, WORKFLOW_FFQN)
+    le = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    scheduled = new_id()
+    request = create_request(scheduled, ACTIVITY_FFQN, params=[1], scheduled_at=at(60))
+    await storage.append(
+        parent,
+        le.next_version,
+        [ev.HistoryEvent(ev.Schedule(scheduled, ev.ScheduleAtIn(58_000), ACTIVITY_FFQN))],
+        at(2),
+        AppendExtras(creates=[request]),
+    )
+    assert await storage.get_created(scheduled) == request.created
+    assert (await storage.get_row(scheduled)).parent_id is None
+    assert (await storage.get_summary(scheduled)).state == PendingAt(at(60))
+
+
+# ---------------------------------------------------------------------------------------
+# children and responses
+# ---------------------------------------------------------------------------------------
+
+
+async def test_child_finished_writes_parent_response_and_unblocks_it(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    [child] = p.children
+    created = await storage.get_created(child)
+    assert created.parent == (p.parent, "g:1")
+    assert (await storage.get_row(child)).parent_id == p.parent
+    assert await storage.get_responses(p.parent) == []
+
+    child_le = await lock(storage, child, 3)
+    assert child_le.parent == (p.parent, "g:1")
+    assert child_le.params == [0]
+    await storage.append(child, child_le.next_version, [ev.Finished(OK42)], at(4))
+
+    [response] = await storage.get_responses(p.parent)
+    assert response == ev.StoredResponse(
+        1, at(4), ev.ChildExecutionFinished(child, "g:1", child_le.next_version, OK42)
+    )
+    s = await storage.get_summary(p.parent)
+    # The warm run may continue first: pending at its lock expiry, with its lock.
+    run = LockRef(p.executor_id, p.locked.run_id)
+    assert s.state == PendingAt(max(p.locked.lock_expires_at, at(4)), run)
+    assert s.responses == 1
+
+    # Nobody else takes it before that run's lock expires …
+    wf = Executor([WORKFLOW_FFQN], WORKFLOW)
+    assert await storage.lock_pending(**wf.lock_args(p.locked.lock_expires_at - _US)) == []
+    # … but the same run may extend its lock and continue.
+    extension = ev.Locked(WORKFLOW, p.executor_id, p.locked.run_id, at(60), RETRY)
+    s = await storage.append(p.parent, s.next_version, [extension], at(5))
+    assert s.state == Locked(p.executor_id, p.locked.run_id, at(60))
+
+
+_US = timedelta(microseconds=1)
+
+
+async def test_unblocked_parent_is_locked_with_its_responses(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    await finish(storage, p.children[0], 3)
+    wf = Executor([WORKFLOW_FFQN], WORKFLOW)
+    [le] = await storage.lock_pending(**wf.lock_args(p.locked.lock_expires_at, with_log=True))
+    assert le.execution_id == p.parent
+    assert le.events is not None and le.responses is not None
+    assert kinds(le.events) == [
+        "created",
+        "locked",
+        "history_event:join_set_create",
+        "history_event:join_set_request",
+        "history_event:join_next",
+        "locked",
+    ]
+    assert le.responses == await storage.get_responses(p.parent)
+    assert len(le.responses) == 1
+
+
+async def test_child_response_of_a_parent_not_blocked_on_it(storage: Storage) -> None:
+    """A response that arrives while the parent runs is recorded; the state stays Locked."""
+    parent = await create(storage, WORKFLOW_FFQN)
+    le = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    child = child_id(parent, "g:1")
+    await storage.append(
+        parent,
+        le.next_version,
+        [
+            ev.HistoryEvent(ev.JoinSetCreate("g:1")),
+            ev.HistoryEvent(
+                ev.JoinSetRequest("g:1", ev.ChildExecutionRequest(child, ACTIVITY_FFQN, []))
+            ),
+        ],
+        at(2),
+        AppendExtras(creates=[create_request(child, parent=(parent, "g:1"))]),
+    )
+    await finish(storage, child, 3)
+    s = await storage.get_summary(parent)
+    assert isinstance(s.state, Locked)
+    assert s.responses == 1
+
+
+async def test_responses_in_arrival_order_with_cursor(storage: Storage) -> None:
+    p = await BlockedParent.build(storage, n_children=3)
+    c1, c2, c3 = p.children
+    locked = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3)))
+    version = {le.execution_id: le.next_version for le in locked}
+    assert set(version) == {c1, c2, c3}
+    await storage.append(c2, version[c2], [ev.Finished(ev.ResultErr("e2"))], at(3))
+    await storage.append(c3, version[c3], [ev.Finished(OK42)], at(4))
+    await storage.append(c1, version[c1], [ev.Finished(OK42)], at(5))
+    responses = await storage.get_responses(p.parent)
+    assert [r.cursor for r in responses] == [1, 2, 3]
+    assert [r.response.child_execution_id for r in responses] == [c2, c3, c1]  # type: ignore[union-attr]
+    assert [r.created_at for r in responses] == [at(3), at(4), at(5)]
+    assert responses[0].response.result == ev.ResultErr("e2")  # type: ignore[union-attr]
+    assert await storage.get_responses(p.parent, from_cursor=1) == responses[1:]
+    assert await storage.get_responses(p.parent, from_cursor=3) == []
+
+
+async def test_duplicate_child_response_is_rejected(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    [child] = p.children
+    await finish(storage, child, 3)
+    [stored] = await storage.get_responses(p.parent)
+    with pytest.raises(Conflict):
+        await storage.append_response(p.parent, stored.response, at(4))
+    assert len(await storage.get_responses(p.parent)) == 1
+
+
+async def test_child_finished_and_parent_response_are_one_transaction(storage: Storage) -> None:
+    """When the parent's response cannot be written, the child's finished is not either."""
+    p = await BlockedParent.build(storage)
+    [child] = p.children
+    le = await lock(storage, child, 3)
+    # Someone already answered for this child: the child's own response is a duplicate.
+    await storage.append_response(
+        p.parent, ev.ChildExecutionFinished(child, "g:1", le.next_version, OK42), at(4)
+    )
+    with pytest.raises(Conflict):
+        await storage.append(child, le.next_version, [ev.Finished(OK42)], at(5))
+    assert kinds(await storage.get_events(child)) == ["created", "locked"]
+    assert not (await storage.get_summary(child)).is_finished
+    assert len(await storage.get_responses(p.parent)) == 1
+
+
+async def test_child_failure_reaches_parent(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    [child] = p.children
+    failure = ev.ExecutionFailure("timed_out", "lock expired")
+    le = await lock(storage, child, 3)
+    await storage.append(child, le.next_version, [ev.Finished(failure)], at(20))
+    [r] = await storage.get_responses(p.parent)
+    assert r.response == ev.ChildExecutionFinished(child, "g:1", le.next_version, failure)
+
+
+# ---------------------------------------------------------------------------------------
+# timers
+# ---------------------------------------------------------------------------------------
+
+
+async def test_delay_timer_expires_and_response_removes_it(storage: Storage) -> None:
+    parent = await create(storage, WORKFLOW_FFQN)
+    wf = Executor([WORKFLOW_FFQN], WORKFLOW)
+    le = await lock(storage, parent, 1, wf)
+    js = "o:1-sleep"
+    delay = delay_id(parent, js)
+    s = await storage.append(
+        parent,
+        le.next_version,
+        [
+            ev.HistoryEvent(ev.JoinSetCreate(js)),
+            ev.HistoryEvent(
+                ev.JoinSetRequest(js, ev.DelayRequest(delay, at(30), ev.ScheduleAtIn(28_000)))
+            ),
+            # Blocking strategy `interrupt`: the run is released at once.
+            ev.HistoryEvent(ev.JoinNext(js, run_expires_at=at(2))),
+        ],
+        at(2),
+    )
+    assert isinstance(s.state, BlockedByJoinSet)
+    assert await storage.next_timer_at() == at(30)
+    assert await storage.expired_timers(at(30) - _US) == ([], [])
+    locks, delays = await storage.expired_timers(at(30))
+    assert locks == []
+    assert delays == [ExpiredDelay(parent, delay, js)]
+
+    await storage.append_response(parent, ev.DelayFinished(delay, js), at(31))
+    assert await storage.expired_timers(at(100)) == ([], [])
+    [r] = await storage.get_responses(parent)
+    assert r == ev.StoredResponse(1, at(31), ev.DelayFinished(delay, js, "ok"))
+    assert (await storage.get_summary(parent)).state == PendingAt(
+        at(31), LockRef(wf.executor_id, le.run_id)
+    )
+    with pytest.raises(Conflict):
+        await storage.append_response(parent, ev.DelayFinished(delay, js), at(32))
+    assert len(await storage.get_responses(parent)) == 1
+
+
+async def test_finished_execution_drops_its_delays(storage: Storage) -> None:
+    parent = await create(storage, WORKFLOW_FFQN)
+    le = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    js = "o:1-sleep"
+    await storage.append(
+        parent,
+        le.next_version,
+        [
+            ev.HistoryEvent(ev.JoinSetCreate(js)),
+            ev.HistoryEvent(
+                ev.JoinSetRequest(
+                    js, ev.DelayRequest(delay_id(parent, js), at(30), ev.ScheduleAtNow())
+                )
+            ),
+            ev.Finished(ev.ResultOk()),
+        ],
+        at(2),
+    )
+    assert await storage.expired_timers(at(100)) == ([], [])
+
+
+async def test_expired_locks(storage: Storage) -> None:
+    eid = await create(storage)
+    le = await lock(storage, eid, 1, expiry=10)
+    assert await storage.expired_timers(at(10)) == ([], [])
+    locks, delays = await storage.expired_timers(at(12))
+    assert delays == []
+    [expired] = locks
+    assert expired.execution_id == eid
+    assert expired.next_version == le.next_version
+    assert expired.summary == await storage.get_summary(eid)
+    # The watcher's append clears it.
+    await storage.append(eid, expired.next_version, [ev.TemporarilyTimedOut(at(13))], at(12))
+    assert await storage.expired_timers(at(12)) == ([], [])
+
+
+async def test_expired_timers_limit(storage: Storage) -> None:
+    for i in range(5):
+        await create(storage, scheduled_at=at(i))
+    exr = Executor([ACTIVITY_FFQN])
+    await storage.lock_pending(**exr.lock_args(at(10), batch_size=5))
+    locks, _ = await storage.expired_timers(at(100), limit=3)
+    assert len(locks) == 3
+
+
+async def test_next_timer_at(storage: Storage) -> None:
+    assert await storage.next_timer_at() is None
+    a = await create(storage, scheduled_at=at(50))
+    assert await storage.next_timer_at() == at(50)
+    b = await create(storage, OTHER_FFQN, scheduled_at=at(5))
+    assert await storage.next_timer_at() == at(5)
+    await lock(storage, a, 50, expiry=3)  # a's lock expires at 53; b is pending at 5
+    assert await storage.next_timer_at() == at(5)
+    await lock(storage, b, 50, expiry=100)
+    assert await storage.next_timer_at() == at(53)
+
+
+# ---------------------------------------------------------------------------------------
+# reads
+# ---------------------------------------------------------------------------------------
+
+
+async def test_get_events_paging(storage: Storage) -> None:
+    eid = await create(storage)
+    le = await lock(storage, eid, 1)
+    await storage.append(eid, le.next_version, [ev.Unlocked(at(2), "x")], at(2))
+    await lock(storage, eid, 3)
+    await storage.append(eid, 4, [ev.Finished(OK42)], at(4))
+    events = await storage.get_events(eid)
+    assert [e.version for e in events] == [0, 1, 2, 3, 4]
+    assert [e.created_at for e in events] == [at(0), at(1), at(2), at(3), at(4)]
+    assert await storage.get_events(eid, from_version=2) == events[2:]
+    assert await storage.get_events(eid, length=2) == events[:2]
+    assert await storage.get_events(eid, from_version=3, length=1) == events[3:4]
+    assert await storage.get_events(eid, from_version=1, length=100) == events[1:]
+    assert await storage.get_events(eid, from_version=5) == []
+
+
+async def _list_fixture(storage: Storage) -> dict[str, str]:
+    """a1 finished (t=1), a2 pending (t=2, other FFQN), parent blocked (t=10), child (t=12)."""
+    a1 = await create(storage, ACTIVITY_FFQN, now=1, scheduled_at=at(1))
+    await finish(storage, a1, 1.5)
+    a2 = await create(storage, OTHER_FFQN, now=2, scheduled_at=at(100))
+    p = await BlockedParent.build(storage, t=10)
+    return {"a1": a1, "a2": a2, "parent": p.parent, "child": p.children[0]}
+
+
+async def test_list_executions_newest_first_with_rows(storage: Storage) -> None:
+    x = await _list_fixture(storage)
+    rows = await storage.list_executions(ListFilter())
+    assert [r.execution_id for r in rows] == [x["child"], x["parent"], x["a2"], x["a1"]]
+    by_id = {r.execution_id: r for r in rows}
+    assert by_id[x["a1"]].result == OK42
+    assert isinstance(by_id[x["a1"]].state, Finished)
+    assert by_id[x["a2"]].state == PendingAt(at(100))
+    assert by_id[x["a2"]].ffqn == OTHER_FFQN
+    assert isinstance(by_id[x["parent"]].state, BlockedByJoinSet)
+    assert by_id[x["parent"]].component_type == "workflow_js"
+    assert by_id[x["child"]].parent_id == x["parent"]
+    assert by_id[x["child"]].created_at == at(12)
+    for r in rows:
+        assert r == await storage.get_row(r.execution_id)
+
+
+@pytest.mark.parametrize(
+    ("flt", "expected"),
+    [
+        (ListFilter(ffqn_prefix="testing:act/"), ["child", "a2", "a1"]),
+        (ListFilter(ffqn_prefix="testing:act/ifc.o"), ["a2"]),
+        (ListFilter(ffqn_prefix=ACTIVITY_FFQN), ["child", "a1"]),
+        (ListFilter(ffqn_prefix="testing:wf/"), ["parent"]),
+        (ListFilter(ffqn_prefix="nothing:"), []),
+        (ListFilter(states=["pending_at"]), ["child", "a2"]),
+        (ListFilter(states=["finished", "blocked_by_join_set"]), ["parent", "a1"]),
+        (ListFilter(states=["locked"]), []),
+        (ListFilter(hide_finished=True), ["child", "parent", "a2"]),
+        (ListFilter(top_level_only=True), ["parent", "a2", "a1"]),
+        (ListFilter(top_level_only=True, hide_finished=True), ["parent", "a2"]),
+        (ListFilter(ffqn_prefix="testing:act/", top_level_only=True), ["a2", "a1"]),
+        (ListFilter(limit=2), ["child", "parent"]),
+        (ListFilter(limit=0), []),
+    ],
+)
+async def test_list_executions_filters(
+    storage: Storage, flt: ListFilter, expected: list[str]
+) -> None:
+    x = await _list_fixture(storage)
+    rows = await storage.list_executions(flt)
+    assert [r.execution_id for r in rows] == [x[k] for k in expected]
+
+
+async def test_list_executions_id_prefix(storage: Storage) -> None:
+    x = await _list_fixture(storage)
+    rows = await storage.list_executions(ListFilter(id_prefix=x["parent"]))
+    assert [r.execution_id for r in rows] == [x["child"], x["parent"]]
+    rows = await storage.list_executions(ListFilter(id_prefix=x["child"]))
+    assert [r.execution_id for r in rows] == [x["child"]]
+    rows = await storage.list_executions(ListFilter(id_prefix=x["a1"]))
+    assert [r.execution_id for r in rows] == [x["a1"]]
+    assert await storage.list_executions(ListFilter(id_prefix="E_ZZZ")) == []
+
+
+async def test_list_executions_paging_with_before_id(storage: Storage) -> None:
+    ids = [await create(storage, now=i, scheduled_at=at(i)) for i in range(7)]
+    # Two created at the same instant are still paged without loss or repetition.
+    ids += [await create(storage, now=7), await create(storage, now=7)]
+    seen: list[str] = []
+    before = None
+    while True:
+        page = await storage.list_executions(ListFilter(limit=2, before_id=before))
+        if not page:
+            break
+        assert len(page) <= 2
+        seen += [r.execution_id for r in page]
+        before = page[-1].execution_id
+    assert len(seen) == len(set(seen)) == 9
+    assert set(seen) == set(ids)
+    assert seen[2:] == list(reversed(ids[:7]))
+    # Filters apply together with paging.
+    page = await storage.list_executions(
+        ListFilter(limit=3, before_id=ids[5], ffqn_prefix=ACTIVITY_FFQN)
+    )
+    assert [r.execution_id for r in page] == [ids[4], ids[3], ids[2]]
+
+
+async def test_count_by_state(storage: Storage) -> None:
+    assert {k: v for k, v in (await storage.count_by_state()).items() if v} == {}
+    await _list_fixture(storage)
+    paused = await create(storage, now=20)
+    await storage.pause(paused, at(21))
+    counts = {k: v for k, v in (await storage.count_by_state()).items() if v}
+    assert counts == {"finished": 1, "pending_at": 2, "blocked_by_join_set": 1, "paused": 1}
+
+
+# ---------------------------------------------------------------------------------------
+# logs
+# ---------------------------------------------------------------------------------------
+
+
+async def test_logs_append_and_page(storage: Storage) -> None:
+    eid = await create(storage)
+    other = await create(storage, OTHER_FFQN)
+    le = await lock(storage, eid, 1)
+    await storage.append_logs(
+        eid,
+        le.run_id,
+        [
+            LogLine("info", "one"),
+            LogLine("error", "two", "stderr"),
+            LogLine("debug", "three", "stdout"),
+        ],
+        at(2),
+    )
+    await storage.append_logs(other, None, [LogLine("warn", "elsewhere")], at(2))
+    await storage.append_logs(eid, le.run_id, [], at(2))
+    await storage.append(
+        eid,
+        le.next_version,
+        [ev.Finished(OK42)],
+        at(3),
+        AppendExtras(logs=[LogLine("info", "four")], run_id=le.run_id),
+    )
+    logs = await storage.get_logs(eid)
+    assert [(g.message, g.level, g.stream) for g in logs] == [
+        ("one", "info", "log"),
+        ("two", "error", "stderr"),
+        ("three", "debug", "stdout"),
+        ("four", "info", "log"),
+    ]
+    assert all(g.execution_id == eid and g.run_id == le.run_id for g in logs)
+    assert [g.created_at for g in logs] == [at(2), at(2), at(2), at(3)]
+    ids = [g.id for g in logs]
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    assert await storage.get_logs(eid, after_id=ids[1]) == logs[2:]
+    assert await storage.get_logs(eid, limit=2) == logs[:2]
+    assert await storage.get_logs(eid, after_id=ids[0], limit=2) == logs[1:3]
+    assert await storage.get_logs(eid, after_id=ids[-1]) == []
+    [o] = await storage.get_logs(other)
+    assert (o.message, o.run_id) == ("elsewhere", None)
+
+
+# ---------------------------------------------------------------------------------------
+# pause / unpause (SPEC §4.3)
+# ---------------------------------------------------------------------------------------
+
+
+async def test_pause_and_unpause_pending(storage: Storage) -> None:
+    eid = await create(storage, scheduled_at=at(1))
+    s = await storage.pause(eid, at(2))
+    assert s.state == Paused(PendingAt(at(1)))
+    assert (await storage.get_row(eid)).state == s.state
+    assert await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3))) == []
+    s = await storage.unpause(eid, at(4))
+    assert s.state == PendingAt(at(1))
+    assert kinds(await storage.get_events(eid)) == ["created", "paused", "unpaused"]
+    await lock(storage, eid, 5)
+
+
+async def test_pause_locked_activity_conflicts(storage: Storage) -> None:
+    eid = await create(storage)
+    await lock(storage, eid, 1)
+    with pytest.raises(Conflict, match="cancel"):
+        await storage.pause(eid, at(2))
+    assert isinstance((await storage.get_summary(eid)).state, Locked)
+
+
+async def test_pause_locked_workflow_releases_it(storage: Storage) -> None:
+    eid = await create(storage, WORKFLOW_FFQN)
+    le = await lock(storage, eid, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    s = await storage.pause(eid, at(2))
+    assert isinstance(s.state, Paused)
+    assert isinstance(s.state.underlying, PendingAt)
+    assert s.state.underlying.scheduled_at == at(2)
+    events = await storage.get_events(eid)
+    assert kinds(events) == ["created", "locked", "unlocked", "paused"]
+    assert events[2].event == ev.Unlocked(at(2), "paused")
+    assert events[2].version == le.next_version
+    # The released run cannot go on.
+    with pytest.raises(VersionConflict):
+        await storage.append(eid, le.next_version, [ev.Finished(OK42)], at(3))
+    s = await storage.unpause(eid, at(3))
+    assert isinstance(s.state, PendingAt)
+    await lock(storage, eid, 4, Executor([WORKFLOW_FFQN], WORKFLOW))
+
+
+async def test_pause_finished_or_twice_conflicts(storage: Storage) -> None:
+    done = await create(storage)
+    await finish(storage, done, 1)
+    with pytest.raises(Conflict, match="finished"):
+        await storage.pause(done, at(2))
+    with pytest.raises(Conflict):
+        await storage.unpause(done, at(2))
+
+    eid = await create(storage, OTHER_FFQN)
+    await storage.pause(eid, at(1))
+    with pytest.raises(Conflict, match="paused"):
+        await storage.pause(eid, at(2))
+    await storage.unpause(eid, at(3))
+    with pytest.raises(Conflict, match="not paused"):
+        await storage.unpause(eid, at(4))
+    assert kinds(await storage.get_events(eid)) == ["created", "paused", "unpaused"]
+
+
+async def test_pause_unknown_is_not_found(storage: Storage) -> None:
+    eid = new_id()
+    with pytest.raises(NotFound):
+        await storage.pause(eid, at(1))
+    with pytest.raises(NotFound):
+        await storage.unpause(eid, at(1))
+    with pytest.raises(NotFound):
+        await storage.request_cancellation(eid, at(1))
+
+
+async def test_paused_blocked_parent_still_receives_responses(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    s = await storage.pause(p.parent, at(3))
+    assert isinstance(s.state, Paused)
+    assert isinstance(s.state.underlying, BlockedByJoinSet)
+    await finish(storage, p.children[0], 4)
+    s = await storage.get_summary(p.parent)
+    assert isinstance(s.state, Paused)
+    assert isinstance(s.state.underlying, PendingAt)
+    wf = Executor([WORKFLOW_FFQN], WORKFLOW)
+    assert await storage.lock_pending(**wf.lock_args(at(100))) == []
+    s = await storage.unpause(p.parent, at(100))
+    assert isinstance(s.state, PendingAt)
+    await lock(storage, p.parent, 101, wf)
+
+
+async def test_cancelling_cannot_be_paused(storage: Storage) -> None:
+    eid = await create(storage)
+    await lock(storage, eid, 1)
+    await storage.request_cancellation(eid, at(2))
+    with pytest.raises(Conflict, match="cancel"):
+        await storage.pause(eid, at(3))
+
+
+# ---------------------------------------------------------------------------------------
+# cancellation (SPEC §8)
+# ---------------------------------------------------------------------------------------
+
+
+async def test_cancel_pending_activity_finishes_it(storage: Storage) -> None:
+    eid = await create(storage)
+    s = await storage.request_cancellation(eid, at(1))
+    assert isinstance(s.state, Finished)
+    assert s.state.result_kind == CANCELLED_KIND
+    assert isinstance(s.result, ev.ExecutionFailure) and s.result.kind == "cancelled"
+    assert kinds(await storage.get_events(eid)) == ["created", "cancellation_requested", "finished"]
+    assert await storage.wait_for_finished(eid, timeout=5) == s.result
+    assert await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(2))) == []
+
+
+async def test_cancel_paused_activity_finishes_it(storage: Storage) -> None:
+    eid = await create(storage)
+    await storage.pause(eid, at(1))
+    s = await storage.request_cancellation(eid, at(2))
+    assert isinstance(s.state, Finished)
+    assert s.state.result_kind == CANCELLED_KIND
+
+
+async def test_cancel_pending_child_activity_answers_parent(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    [child] = p.children
+    await storage.request_cancellation(child, at(3))
+    [r] = await storage.get_responses(p.parent)
+    assert isinstance(r.response, ev.ChildExecutionFinished)
+    assert r.response.child_execution_id == child
+    assert isinstance(r.response.result, ev.ExecutionFailure)
+    assert r.response.result.kind == "cancelled"
+    assert isinstance((await storage.get_summary(p.parent)).state, PendingAt)
+
+
+async def test_cancel_locked_activity_notifies_its_executor(storage: Storage) -> None:
+    eid = await create(storage)
+    le = await lock(storage, eid, 1)
+    loop = asyncio.get_running_loop()
+    called: asyncio.Future[str] = loop.create_future()
+    other_called: list[str] = []
+    listener = storage.subscribe_cancellations()
+    listener.add(eid, lambda: called.done() or called.set_result(eid))
+    listener.add(new_id(), lambda: other_called.append("wrong"))
+
+    s = await storage.request_cancellation(eid, at(2))
+    assert s.state == Cancelling(
+        Locked(le.summary.state.executor_id, le.run_id, le.lock_expires_at)
+    )  # type: ignore[union-attr]
+    assert await asyncio.wait_for(called, 5) == eid
+    assert other_called == []
+    assert (await storage.get_row(eid)).state == s.state
+    listener.remove(eid)
+
+    # The executor interrupts the run and finishes it.
+    failure = ev.ExecutionFailure("cancelled", "cancelled while running")
+    s = await storage.append(eid, s.next_version, [ev.Finished(failure)], at(3))
+    assert isinstance(s.state, Finished) and s.state.result_kind == CANCELLED_KIND
+
+
+async def test_removed_cancellation_listener_is_not_called(storage: Storage) -> None:
+    eid = await create(storage)
+    await lock(storage, eid, 1)
+    calls: list[str] = []
+    listener = storage.subscribe_cancellations()
+    listener.add(eid, lambda: calls.append(eid))
+    listener.remove(eid)
+    listener.remove(new_id())  # removing an unknown id is harmless
+    await storage.request_cancellation(eid, at(2))
+    # A barrier: one more committed write, after which any notification was delivered.
+    await create(storage, OTHER_FFQN)
+    assert calls == []
+
+
+async def test_cancel_workflow_not_cancellable(storage: Storage) -> None:
+    eid = await create(storage, WORKFLOW_FFQN)
+    with pytest.raises(NotCancellable, match=eid):
+        await storage.request_cancellation(eid, at(1))
+    assert kinds(await storage.get_events(eid)) == ["created"]
+
+
+async def test_cancel_cancellable_workflow(storage: Storage) -> None:
+    eid = await create(storage, CANCELLABLE_WORKFLOW_FFQN, scheduled_at=at(0))
+    s = await storage.request_cancellation(eid, at(1))
+    assert s.state == Cancelling(PendingAt(at(0)))
+    assert (await storage.get_row(eid)).state == s.state
+    assert kinds(await storage.get_events(eid)) == ["created", "cancellation_requested"]
+    # The cancellation driver finishes it once its join sets are torn down.
+    s = await storage.append(
+        eid, s.next_version, [ev.Finished(ev.ExecutionFailure("cancelled"))], at(2)
+    )
+    assert isinstance(s.state, Finished)
+
+
+async def test_cancel_finished_or_twice_conflicts(storage: Storage) -> None:
+    done = await create(storage)
+    await finish(storage, done, 1)
+    with pytest.raises(Conflict, match="finished"):
+        await storage.request_cancellation(done, at(2))
+
+    eid = await create(storage, OTHER_FFQN)
+    await lock(storage, eid, 1)
+    await storage.request_cancellation(eid, at(2))
+    with pytest.raises(Conflict, match="already"):
+        await storage.request_cancellation(eid, at(3))
+    assert kinds(await storage.get_events(eid)) == ["created", "locked", "cancellation_requested"]
+
+
+async def test_cancel_supersedes_pause(storage: Storage) -> None:
+    eid = await create(storage, CANCELLABLE_WORKFLOW_FFQN)
+    await storage.pause(eid, at(1))
+    s = await storage.request_cancellation(eid, at(2))
+    assert isinstance(s.state, Cancelling)
+    assert not s.paused
+    with pytest.raises(Conflict):
+        await storage.unpause(eid, at(3))
+
+
+# ---------------------------------------------------------------------------------------
+# waiting and notifications
+# ---------------------------------------------------------------------------------------
+
+
+async def test_wait_for_finished_wakes_when_another_task_finishes(storage: Storage) -> None:
+    eid = await create(storage)
+    waiter = asyncio.create_task(storage.wait_for_finished(eid, timeout=30))
+    await asyncio.sleep(0)  # let it subscribe (a yield, not a timed wait)
+    assert not waiter.done()
+    le = await lock(storage, eid, 1)
+    assert not waiter.done()
+    await storage.append(eid, le.next_version, [ev.Finished(ev.ResultErr({"x": 1}))], at(2))
+    assert await asyncio.wait_for(waiter, 5) == ev.ResultErr({"x": 1})
+
+
+async def test_wait_for_finished_many_waiters(storage: Storage) -> None:
+    eid = await create(storage)
+    waiters = [asyncio.create_task(storage.wait_for_finished(eid, timeout=30)) for _ in range(5)]
+    await finish(storage, eid, 1)
+    assert await asyncio.wait_for(asyncio.gather(*waiters), 5) == [OK42] * 5
+
+
+async def test_wait_for_finished_returns_at_once_when_finished(storage: Storage) -> None:
+    eid = await create(storage)
+    await finish(storage, eid, 1)
+    assert await asyncio.wait_for(storage.wait_for_finished(eid, timeout=30), 5) == OK42
+
+
+async def test_wait_for_finished_times_out(storage: Storage) -> None:
+    eid = await create(storage)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(TimeoutError):
+        await storage.wait_for_finished(eid, timeout=0.05)
+    assert loop.time() - start < 2
+
+
+async def test_wait_for_finished_unknown_is_not_found(storage: Storage) -> None:
+    with pytest.raises(NotFound):
+        await asyncio.wait_for(storage.wait_for_finished(new_id(), timeout=1), 5)
+
+
+async def test_wait_for_pending_wakes_on_create(storage: Storage) -> None:
+    waiter = asyncio.create_task(storage.wait_for_pending([OTHER_FFQN, ACTIVITY_FFQN], 30))
+    await asyncio.sleep(0)  # let it subscribe (a yield, not a timed wait)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await create(storage, ACTIVITY_FFQN)
+    await asyncio.wait_for(waiter, 5)
+    assert loop.time() - start < 5
+
+
+async def test_wait_for_pending_wakes_when_a_parent_is_unblocked(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    le = await lock(storage, p.children[0], 3)
+    waiter = asyncio.create_task(storage.wait_for_pending([WORKFLOW_FFQN], 30))
+    await asyncio.sleep(0)
+    await storage.append(p.children[0], le.next_version, [ev.Finished(OK42)], at(4))
+    await asyncio.wait_for(waiter, 5)
+
+
+async def test_wait_for_pending_returns_after_timeout(storage: Storage) -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await storage.wait_for_pending([ACTIVITY_FFQN], 0.05)
+    assert loop.time() - start < 2
+
+
+async def test_changes_generation_increases_after_writes(storage: Storage) -> None:
+    feed = storage.changes()
+    g0 = feed.generation
+    eid = await create(storage)
+    g1 = feed.generation
+    assert g1 > g0
+    assert await feed.wait_changed(g0, timeout=5) >= g1  # already changed: returns at once
+
+    waiter = asyncio.create_task(feed.wait_changed(g1, timeout=30))
+    await asyncio.sleep(0)
+    await storage.pause(eid, at(1))
+    assert await asyncio.wait_for(waiter, 5) > g1
+    assert feed.generation > g1
+
+
+async def test_wait_changed_times_out_without_writes(storage: Storage) -> None:
+    feed = storage.changes()
+    g = feed.generation
+    assert await feed.wait_changed(g, timeout=0.05) == g
