@@ -565,3 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["build_parser", "format_result", "format_state", "format_time", "main"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

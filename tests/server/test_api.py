@@ -548,7 +548,7 @@ async def test_openapi(client: TestClient[Any, Any]) -> None:
     # Every route of the app is documented, with the methods it accepts.
     app_routes = {
         (route.method.lower(), route.resource.canonical)
-        for route in client.server.app.router.routes()  # type: ignore[union-attr]
+        for route in client.app.router.routes()  # type: ignore[union-attr]
         if route.resource is not None and route.method != "HEAD"
     }
     documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
