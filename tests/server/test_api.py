@@ -75,7 +75,8 @@ async def expect_error(response: Any, status: int, *fragments: str) -> str:
 
 
 async def submit(client: TestClient[Any, Any], ffqn: str = APPROVE, params: Any = None) -> str:
-    r = await client.post("/v1/executions", json={"ffqn": ffqn, "params": params or ["o-1"]})
+    body = {"ffqn": ffqn, "params": ["o-1"] if params is None else params}
+    r = await client.post("/v1/executions", json=body)
     assert r.status == 201, await r.text()
     eid: str = (await r.json())["execution_id"]
     return eid
@@ -592,3 +593,65 @@ async def test_unexpected_error_is_500_without_traceback(
     assert "secret internals" not in message
     assert "RuntimeError" in message
     assert "secret internals" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------
+# A real WASM activity end to end
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def wasm_client(tmp_path: Path) -> AsyncIterator[TestClient[Any, Any]]:
+    from tests.fixtures.components import activity_component
+
+    deployment = tmp_path / "deployment.toml"
+    deployment.write_text(
+        f'[[activity_wasm]]\nname = "fixtures"\nlocation = "{activity_component()}"\n'
+        "max_retries = 0\nexec.lock_expiry.seconds = 2\n"
+    )
+    e = await Engine.start(deployment, tmp_path / "data")
+    try:
+        async with TestClient(TestServer(make_app(e, TOKEN)), headers=AUTH) as c:
+            yield c
+    finally:
+        await e.stop()
+
+
+async def test_wasm_activity_through_the_api(wasm_client: TestClient[Any, Any]) -> None:
+    c = wasm_client
+    components = await (await c.get("/v1/components")).json()
+    assert [x["type"] for x in components] == ["activity_wasm"]
+    assert components[0]["location"].endswith(".wasm")
+    exports = {f["ffqn"]: f for f in components[0]["exports"]}
+    assert exports["testing:fixtures/activity.add"] == {
+        "ffqn": "testing:fixtures/activity.add",
+        "params": [{"name": "a", "type": "u64"}, {"name": "b", "type": "u64"}],
+        "return_type": "result<u64, string>",
+    }
+
+    eid = await submit(c, "testing:fixtures/activity.add", [2, 40])
+    r = await c.get(f"/v1/executions/{eid}", params={"follow": "true", "timeout": "10"})
+    assert await r.json() == {"ok": 42}
+    events = await (await c.get(f"/v1/executions/{eid}/events")).json()
+    assert [e["event"]["type"] for e in events] == ["created", "locked", "finished"]
+
+    eid = await submit(c, "testing:fixtures/activity.print", ["hello from wasm"])
+    r = await c.get(f"/v1/executions/{eid}", params={"follow": "true", "timeout": "10"})
+    assert await r.json() == {"ok": None}
+    logs = await (await c.get(f"/v1/executions/{eid}/logs")).json()
+    assert [(x["stream"], x["message"]) for x in logs] == [("stdout", "hello from wasm")]
+    assert logs[0]["run_id"].startswith("Run_")
+
+    # A running activity cannot be paused, but it can be cancelled.
+    eid = await submit(c, "testing:fixtures/activity.spin", [])
+    for _ in range(100):
+        status = await (await c.get(f"/v1/executions/{eid}/status")).json()
+        if status["state"]["type"] == "locked":
+            break
+        await asyncio.sleep(0.02)
+    assert status["state"]["type"] == "locked"
+    assert status["lock_expires_at"] is not None
+    await expect_error(await c.put(f"/v1/executions/{eid}/pause"), 409, "cancel it instead")
+    assert (await c.put(f"/v1/executions/{eid}/cancel")).status == 200
+    r = await c.get(f"/v1/executions/{eid}", params={"follow": "true", "timeout": "10"})
+    assert (await r.json())["execution_failure"]["kind"] == "cancelled"
