@@ -355,13 +355,20 @@ class ServerProcess:
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.output: list[str] = []
+        self.errors: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
+        self._err_pump = threading.Thread(target=self._pump_stderr, daemon=True)
+        self._err_pump.start()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
+
+    def _pump_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self.errors += self.proc.stderr
 
     def wait_for(self, prefix: str, timeout: float = 20) -> str:
         deadline = time.monotonic() + timeout
@@ -379,10 +386,12 @@ class ServerProcess:
     def finish(self, sig: int) -> tuple[int, str, str]:
         self.proc.send_signal(sig)
         try:
-            _, err = self.proc.communicate(timeout=20)
+            self.proc.wait(timeout=20)
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
+        self._err_pump.join(timeout=5)
+        err = "".join(self.errors)
         rest: list[str] = []
         while True:
             line = self.lines.get(timeout=5)
