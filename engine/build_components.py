@@ -1,11 +1,14 @@
-"""Build the Python-authored WASM components of the repo with componentize-py, with a cache.
+"""Build the WASM components of the repo from their sources, with a cache.
+
+Two kinds of component are built: Python-authored ones with componentize-py (`PyComponent`),
+and hand-written WAT ones with wasm-tools (`WatComponent`, via `engine.wat_build`).
 
 Run `python -m engine.build_components [NAME ...]` to build every component in `COMPONENTS`
 (or only the named ones). Each build lands in `.cache/components/<sha256>/<name>.wasm`, where
 the hash covers every source and WIT file of the component, the table entry itself and the
-componentize-py version; the result is then hard-linked (or copied) to the path the demo
-deployment expects, e.g. `demo/build/activity_py.wasm`. A run with nothing changed only hashes
-the inputs and compares files, so it takes milliseconds.
+version of the tool (componentize-py or wasm-tools); the result is then hard-linked (or copied)
+to the path the demo deployment expects, e.g. `demo/build/activity_py.wasm`. A run with nothing
+changed only hashes the inputs and compares files, so it takes milliseconds.
 
 Tests use `ensure_built(name)`, which returns the deployment path, building only if needed,
 and `load_component(engine, path)`, which caches wasmtime's compiled code next to the builds:
@@ -41,6 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".cache" / "components"
 COMPILED_DIR = CACHE_DIR / "compiled"
 COMPONENTIZE_PY = "componentize-py"
+WASM_TOOLS = "wasm-tools"
 SETUP_COMMAND = ".venv/bin/pip install -e '.[dev]'"
 # Bump when the way a build is produced changes in a way the inputs do not show.
 BUILD_FORMAT = 1
@@ -88,8 +92,40 @@ class PyComponent:
         return REPO_ROOT / self.output
 
 
+@dataclass(frozen=True)
+class WatComponent:
+    """One hand-written component: a core module in WAT plus the WIT world it implements.
+
+    Paths are relative to the repo root: `wat` is the WAT file, `wit_dir` (default
+    `<app_dir>/wit`) the WIT directory (`deps/` inside it for imported packages), `world`
+    the world to build when the package has more than one. Every file under `app_dir` (and
+    `wit_dir`) is part of the cache key, and so is the entry itself.
+    """
+
+    name: str
+    app_dir: str
+    wat: str
+    output: str
+    world: str | None = None
+    wit_dir: str | None = None
+
+    @property
+    def app_path(self) -> Path:
+        return REPO_ROOT / self.app_dir
+
+    @property
+    def wit_paths(self) -> tuple[Path, ...]:
+        return (REPO_ROOT / (self.wit_dir or f"{self.app_dir}/wit"),)
+
+    @property
+    def output_path(self) -> Path:
+        return REPO_ROOT / self.output
+
+
+Component = PyComponent | WatComponent
+
 # To add a component (e.g. a Python workflow), add one entry here.
-COMPONENTS: dict[str, PyComponent] = {
+COMPONENTS: dict[str, Component] = {
     c.name: c
     for c in (
         PyComponent(
@@ -98,6 +134,13 @@ COMPONENTS: dict[str, PyComponent] = {
             module="app",
             world="activity-py",
             output="demo/build/activity_py.wasm",
+        ),
+        WatComponent(
+            name="activity_wat",
+            app_dir="demo/activity_wat",
+            wat="demo/activity_wat/activity.wat",
+            world="activity-wat",
+            output="demo/build/activity_wat.wasm",
         ),
     )
 }
@@ -131,6 +174,24 @@ def componentize_py_version() -> str:
         ) from e
 
 
+def wasm_tools_version() -> str:
+    """The bundled wasm-tools version, or a BuildError telling how to install it."""
+    from engine.wat_build import WatBuildError
+    from engine.wat_build import wasm_tools_version as version
+
+    try:
+        return version()
+    except WatBuildError as e:
+        raise BuildError(str(e)) from None
+
+
+def tool_of(spec: Component) -> tuple[str, str]:
+    """(tool name, installed version) of the tool that builds `spec`."""
+    if isinstance(spec, WatComponent):
+        return WASM_TOOLS, wasm_tools_version()
+    return COMPONENTIZE_PY, componentize_py_version()
+
+
 def _input_files(root: Path) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS and not d.startswith("."))
@@ -140,23 +201,24 @@ def _input_files(root: Path) -> Iterator[Path]:
             yield Path(dirpath) / f
 
 
-def input_digest(spec: PyComponent, tool_version: str) -> str:
+def input_digest(spec: Component, tool_version: str) -> str:
     """sha256 over the table entry, the tool version and every input file (path and bytes)."""
+    entry: dict[str, object] = {
+        "format": BUILD_FORMAT,
+        "world": spec.world,
+        "app_dir": spec.app_dir,
+        "wit_dirs": [str(p.relative_to(REPO_ROOT)) for p in spec.wit_paths],
+    }
+    if isinstance(spec, WatComponent):
+        entry |= {"tool": f"{WASM_TOOLS}=={tool_version}", "wat": spec.wat}
+    else:
+        entry |= {
+            "tool": f"{COMPONENTIZE_PY}=={tool_version}",
+            "module": spec.module,
+            "componentize_args": list(spec.componentize_args),
+        }
     h = hashlib.sha256()
-    h.update(
-        json.dumps(
-            {
-                "format": BUILD_FORMAT,
-                "tool": f"{COMPONENTIZE_PY}=={tool_version}",
-                "module": spec.module,
-                "world": spec.world,
-                "app_dir": spec.app_dir,
-                "wit_dirs": [str(p.relative_to(REPO_ROOT)) for p in spec.wit_paths],
-                "componentize_args": list(spec.componentize_args),
-            },
-            sort_keys=True,
-        ).encode()
-    )
+    h.update(json.dumps(entry, sort_keys=True).encode())
     roots = [spec.app_path, *spec.wit_paths]
     seen: set[Path] = set()
     for root in roots:
@@ -214,6 +276,30 @@ def _run_componentize(spec: PyComponent, out: Path, log: Callable[[str], None]) 
         )
 
 
+def _run_wat_build(spec: WatComponent, out: Path, log: Callable[[str], None]) -> None:
+    from engine.wat_build import WatBuildError, componentize, read_wit_dir
+
+    wat = REPO_ROOT / spec.wat
+    (wit,) = spec.wit_paths
+    log(
+        f"  $ {WASM_TOOLS} component embed {wit.relative_to(REPO_ROOT)} "
+        f"<{wat.relative_to(REPO_ROOT)} assembled> && {WASM_TOOLS} component new"
+    )
+    try:
+        componentize(wat.read_text(encoding="utf-8"), read_wit_dir(wit), out, world=spec.world)
+    except OSError as e:
+        raise BuildError(f"component {spec.name!r}: cannot read {wat}: {e.strerror}") from None
+    except WatBuildError as e:
+        raise BuildError(f"component {spec.name!r}: {e}") from None
+
+
+def _run_build(spec: Component, out: Path, log: Callable[[str], None]) -> None:
+    if isinstance(spec, WatComponent):
+        _run_wat_build(spec, out, log)
+    else:
+        _run_componentize(spec, out, log)
+
+
 def _prune(name: str, keep: str, log: Callable[[str], None]) -> None:
     entries: list[tuple[float, Path]] = []
     for meta in CACHE_DIR.glob("*/build.json"):
@@ -257,24 +343,24 @@ def build(name: str, *, force: bool = False, log: Callable[[str], None] = print)
             f"unknown component {name!r}; known: {', '.join(sorted(COMPONENTS))}"
         ) from None
     start = time.perf_counter()
-    version = componentize_py_version()
+    tool, version = tool_of(spec)
     digest = input_digest(spec, version)
     entry = CACHE_DIR / digest
     cached = entry / f"{spec.name}.wasm"
     built = False
     with _locked(CACHE_DIR / f"{spec.name}.lock"):
         if force or not cached.is_file():
-            log(f"{spec.name}: building with {COMPONENTIZE_PY} {version} (inputs {digest[:12]})")
+            log(f"{spec.name}: building with {tool} {version} (inputs {digest[:12]})")
             entry.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=entry) as tmpdir:
                 tmp_out = Path(tmpdir) / cached.name
                 t0 = time.perf_counter()
-                _run_componentize(spec, tmp_out, log)
+                _run_build(spec, tmp_out, log)
                 seconds = time.perf_counter() - t0
                 os.replace(tmp_out, cached)
             meta = {
                 "name": spec.name,
-                "componentize_py": version,
+                "tool": f"{tool}=={version}",
                 "seconds": round(seconds, 3),
                 "size": cached.stat().st_size,
             }
@@ -358,7 +444,7 @@ def _prune_compiled(directory: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m engine.build_components",
-        description="Build the Python-authored WASM components (cached by input hash).",
+        description="Build the repo's WASM components from source (cached by input hash).",
     )
     parser.add_argument(
         "names", nargs="*", help=f"components to build (default: all of {', '.join(COMPONENTS)})"
