@@ -1,3 +1,5 @@
+# mypy: disable-error-code="comparison-overlap"
+# (`log.state` is re-read after each step; mypy narrows it as if it could not change)
 """The pending-state machine (seeds: execution-states.md, execution-log.md; SPEC §4–§6).
 
 Every test builds a log with `Log`, which applies each event/response, records it, and
