@@ -179,9 +179,12 @@ async def load_registry(
 
         # Compile QuickJS once before the JS modules are checked under a load timeout.
         await asyncio.to_thread(warm_up)
-    loaded = await asyncio.gather(
-        *(asyncio.to_thread(_load_one_sync, c, wasm_engine, cache_dir) for c in configs)
-    )
+    try:
+        loaded = await asyncio.gather(
+            *(asyncio.to_thread(_load_one_sync, c, wasm_engine, cache_dir) for c in configs)
+        )
+    except DeploymentError as e:  # name the deployment file, like every other load error
+        raise DeploymentError(f"{deployment.path}: {e}") from None
     registry = Registry(deployment)
     for component in loaded:
         for ffqn, info in component.functions.items():

@@ -22,7 +22,7 @@ from engine.components import LoadedComponent
 from engine.core import events as ev
 from engine.core.clock import Clock
 from engine.core.ids import new_executor_id, new_run_id
-from engine.core.state import on_lock_expired, on_temporary_failure
+from engine.core.state import Locked, on_lock_expired, on_temporary_failure
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
@@ -204,6 +204,10 @@ class ActivityExecutor:
                 locked.execution_id, locked.next_version, [event], now, extras
             )
         except (Conflict, NotFound) as e:
+            if isinstance(e, Conflict) and await self._append_after_cancellation(
+                locked, event, extras, now
+            ):
+                return
             # Someone else moved it on (the watcher after a lock expiry, a cancellation).
             log.info(
                 "executor %s: dropped outcome of %s: %s",
@@ -215,6 +219,27 @@ class ActivityExecutor:
                 await self.storage.append_logs(
                     locked.execution_id, locked.run_id, lines, self.clock.now()
                 )
+
+    async def _append_after_cancellation(
+        self, locked: LockedExecution, event: ev.Event, extras: AppendExtras, now: datetime
+    ) -> bool:
+        """A cancellation requested during the run appended `cancellation_requested` while
+        the execution stays locked by this run: finish it after that event (SPEC §8) with
+        the run's final result, or `cancelled` if the run would have been retried."""
+        try:
+            s = await self.storage.get_summary(locked.execution_id)
+        except NotFound:
+            return False
+        u = s.underlying
+        if not (s.cancelling and isinstance(u, Locked) and u.run_id == locked.run_id):
+            return False
+        if not isinstance(event, ev.Finished):
+            event = ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
+        try:
+            await self.storage.append(locked.execution_id, s.next_version, [event], now, extras)
+        except (Conflict, NotFound):
+            return False
+        return True
 
     async def stop(self) -> None:
         """Stop locking; interrupt runs and release them with `unlocked("executor closing")`."""
