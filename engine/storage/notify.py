@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from engine.core import events as ev
+
+log = logging.getLogger("obelisk.storage")
 
 
 class Notifier:
@@ -93,7 +96,12 @@ class Notifier:
     def cancelled(self, execution_id: str) -> None:
         callback = self._cancel_callbacks.get(execution_id)
         if callback is not None:
-            callback()
+            # Called by the storage's writer after a commit: a failing listener is logged,
+            # it must not stop the writer nor the other notifications.
+            try:
+                callback()
+            except Exception:
+                log.exception("cancellation listener of %s failed", execution_id)
 
     # -- generic change feed ---------------------------------------------------
     @property

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -53,6 +55,8 @@ from engine.storage.contract import (
 )
 from engine.storage.notify import Notifier
 from engine.workers.outcome import LogLine
+
+log = logging.getLogger("obelisk.storage")
 
 T = TypeVar("T")
 
@@ -170,7 +174,7 @@ class SqliteStorage:
         self.path = path
         self._writer = writer
         self._reader = reader
-        self._queue: asyncio.Queue[_Tx] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Tx | None] = asyncio.Queue()  # None: stop
         self.notifier = Notifier()
         self._writer_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -183,24 +187,30 @@ class SqliteStorage:
         p = Path(path)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            writer = await aiosqlite.connect(p, isolation_level=None)
+            writer = await _connect(p)
         except (OSError, sqlite3.Error) as e:
             raise StorageError(f"cannot open database {p}: {e}") from None
         try:
             await writer.execute("PRAGMA busy_timeout = 10000")
-            await writer.execute("PRAGMA journal_mode = WAL")
+            await writer._execute(_set_wal, writer._conn, str(p))  # type: ignore[no-untyped-call]
             await writer.execute("PRAGMA synchronous = FULL")
             await writer.execute("PRAGMA foreign_keys = OFF")
             await writer._execute(_migrate, writer._conn, str(p))  # type: ignore[no-untyped-call]
-            reader = await aiosqlite.connect(p, isolation_level=None)
-            await reader.execute("PRAGMA busy_timeout = 10000")
-            await reader.execute("PRAGMA query_only = ON")
+            await writer._execute(_check_writable, writer._conn)  # type: ignore[no-untyped-call]
+            reader = await _connect(p)
         except sqlite3.Error as e:
             await writer.close()
             raise StorageError(f"cannot use database {p}: {e}") from None
         except StorageError:
             await writer.close()
             raise
+        try:
+            await reader.execute("PRAGMA busy_timeout = 10000")
+            await reader.execute("PRAGMA query_only = ON")
+        except sqlite3.Error as e:
+            await reader.close()
+            await writer.close()
+            raise StorageError(f"cannot use database {p}: {e}") from None
         storage = cls(p, writer, reader)
         storage._max_batch = max_batch
         storage._writer_task = asyncio.create_task(storage._write_loop(), name="sqlite-writer")
@@ -209,14 +219,22 @@ class SqliteStorage:
     async def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        if self._writer_task is not None:
-            self._writer_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer_task
+        self._closed = True  # from now on `_write` refuses new transactions
+        task = self._writer_task
+        if task is not None and not task.done():
+            # Let the writer finish what was queued before the close, then stop: every
+            # caller gets its outcome instead of awaiting a future nobody completes.
+            self._queue.put_nowait(None)
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+            except Exception:  # the writer died: its callers are failed below
+                pass
         while not self._queue.empty():
             tx = self._queue.get_nowait()
-            if not tx.future.done():
+            if tx is not None and not tx.future.done():
                 tx.future.set_exception(StorageError("storage closed"))
         await self._reader.close()
         await self._writer.close()
@@ -227,36 +245,49 @@ class SqliteStorage:
     async def _write(self, fn: Callable[[sqlite3.Connection, _Notes], T]) -> T:
         if self._closed:
             raise StorageError("storage closed")
+        if self._writer_task is None or self._writer_task.done():
+            raise StorageError(f"the writer of database {self.path} is not running")
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Tx(fn, fut))
         return await fut
 
     async def _write_loop(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            try:
-                outcomes = await self._writer._execute(  # type: ignore[no-untyped-call]
-                    _run_batch, self._writer._conn, batch
-                )
-            except Exception as e:  # the connection itself failed
-                for tx in batch:
-                    if not tx.future.done():
-                        tx.future.set_exception(StorageError(f"database write failed: {e}"))
-                continue
-            self.stats["commits"] += 1
-            self.stats["logical"] += len(batch)
-            for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
-                if ok:
+        stop = False
+        while not stop:
+            queued = [await self._queue.get()]
+            while len(queued) < self._max_batch and not self._queue.empty():
+                queued.append(self._queue.get_nowait())
+            # `None` is queued by close(), always last: nothing can be queued after it.
+            batch = [tx for tx in queued if tx is not None]
+            stop = len(batch) < len(queued)
+            if batch:
+                await self._commit_batch(batch)
+
+    async def _commit_batch(self, batch: list[_Tx]) -> None:
+        try:
+            outcomes = await self._writer._execute(  # type: ignore[no-untyped-call]
+                _run_batch, self._writer._conn, batch
+            )
+        except Exception as e:  # the connection itself failed
+            for tx in batch:
+                if not tx.future.done():
+                    tx.future.set_exception(StorageError(f"database write failed: {e}"))
+            return
+        self.stats["commits"] += 1
+        self.stats["logical"] += len(batch)
+        for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
+            if ok:
+                try:
                     self._announce(notes)
-                if tx.future.done():
-                    continue
-                if ok:
-                    tx.future.set_result(value)
-                else:
-                    tx.future.set_exception(value)
-            self.notifier.changed()
+                except Exception:  # a waiter's bug must not stop the writer
+                    log.exception("notification after commit failed")
+            if tx.future.done():
+                continue
+            if ok:
+                tx.future.set_result(value)
+            else:
+                tx.future.set_exception(value)
+        self.notifier.changed()
 
     def _announce(self, notes: _Notes) -> None:
         for ffqn in notes.pending:
@@ -494,23 +525,88 @@ class SqliteStorage:
 # ---------------------------------------------------------------------------------------
 
 
-def _migrate(conn: sqlite3.Connection, path: str) -> None:
-    (current,) = conn.execute("PRAGMA user_version").fetchone()
-    if current > SCHEMA_VERSION:
-        raise StorageError(
-            f"database {path} was created by a newer version of obelisk "
-            f"(schema {current}, this version knows up to {SCHEMA_VERSION})"
-        )
-    for version in range(current + 1, SCHEMA_VERSION + 1):
-        # One script per migration: executescript would commit an outer transaction.
+async def _connect(path: Path) -> aiosqlite.Connection:
+    conn = aiosqlite.connect(path, isolation_level=None)
+    try:
+        return await conn
+    except BaseException:
+        # On a failed connect aiosqlite stops its worker thread without waiting for it:
+        # wait here, or the thread outlives the event loop ("Event loop is closed").
+        thread = conn._thread
+        if thread.is_alive():
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, 5.0)
+        raise
+
+
+def _set_wal(conn: sqlite3.Connection, path: str) -> None:
+    # Switching a new file to WAL while another engine does the same can fail with
+    # "database is locked" at once, without waiting for busy_timeout: retry for a while.
+    deadline = time.monotonic() + 10.0
+    while True:
         try:
-            conn.executescript(
-                f"BEGIN IMMEDIATE;\n{MIGRATIONS[version - 1]}\nPRAGMA user_version = {version};\nCOMMIT;"
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            break
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+    if str(mode).lower() != "wal":
+        raise StorageError(f"database {path} cannot use WAL journal mode (it is in {mode} mode)")
+
+
+def _migrate(conn: sqlite3.Connection, path: str) -> None:
+    def check(current: int) -> None:
+        if current > SCHEMA_VERSION:
+            raise StorageError(
+                f"database {path} was created by a newer version of obelisk "
+                f"(schema {current}, this version knows up to {SCHEMA_VERSION})"
             )
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+
+    (current,) = conn.execute("PRAGMA user_version").fetchone()
+    check(current)
+    if current == SCHEMA_VERSION:
+        return
+    # Several engines may open a new file at once: take the write lock first, then read
+    # the version again, so that each migration runs exactly once. Statements are run one
+    # by one because executescript would commit this transaction.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        (current,) = conn.execute("PRAGMA user_version").fetchone()
+        check(current)
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            for statement in _statements(MIGRATIONS[version - 1]):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _check_writable(conn: sqlite3.Connection) -> None:
+    """Fail at open, not at the first write, when the file cannot be written."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        conn.execute(f"PRAGMA user_version = {int(version)}")  # a write, rolled back
+    finally:
+        conn.execute("ROLLBACK")
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration script into complete SQL statements."""
+    statements: list[str] = []
+    buffer = ""
+    for piece in script.split(";"):
+        buffer += piece + ";"
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip().rstrip(";").strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip().rstrip(";").strip():
+        raise ValueError(f"incomplete SQL statement in migration: {buffer!r}")
+    return statements
 
 
 def _run_batch(conn: sqlite3.Connection, batch: list[_Tx]) -> list[tuple[bool, Any, _Notes]]:
