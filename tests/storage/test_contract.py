@@ -7,6 +7,7 @@ explicitly (`at(seconds)`); waiting is done on futures and tasks, never by sleep
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import pytest
@@ -1162,3 +1163,45 @@ async def test_wait_changed_times_out_without_writes(storage: Storage) -> None:
     feed = storage.changes()
     g = feed.generation
     assert await feed.wait_changed(g, timeout=0.05) == g
+
+
+async def test_a_raising_cancellation_callback_does_not_break_storage(storage: Storage) -> None:
+    eid = await create(storage)
+    await lock(storage, eid, 1)
+
+    def broken() -> None:
+        raise RuntimeError("listener bug")
+
+    storage.subscribe_cancellations().add(eid, broken)
+    s = await asyncio.wait_for(storage.request_cancellation(eid, at(2)), 5)
+    assert isinstance(s.state, Cancelling)
+    # The storage still writes.
+    await asyncio.wait_for(create(storage, OTHER_FFQN), 5)
+
+
+# ---------------------------------------------------------------------------------------
+# closing
+# ---------------------------------------------------------------------------------------
+
+
+async def test_close_completes_or_fails_queued_writes(
+    storage: Storage, open_storage: Callable[[], Awaitable[Storage]]
+) -> None:
+    requests = [create_request() for _ in range(50)]
+    tasks = [asyncio.create_task(storage.create(r, at(0))) for r in requests]
+    await asyncio.sleep(0)  # let them queue
+    await asyncio.wait_for(storage.close(), 10)
+    done, pending = await asyncio.wait(tasks, timeout=5)
+    assert not pending, "a write queued before close() never completed"
+    failed = [t.exception() for t in done if t.exception() is not None]
+    assert all(isinstance(e, StorageError) for e in failed), failed
+    with pytest.raises(StorageError):
+        await storage.create(create_request(), at(1))
+
+    reopened = await open_storage()
+    try:
+        for r, t in zip(requests, tasks, strict=True):
+            if t.exception() is None:  # acknowledged: must be durable
+                assert await reopened.get_created(r.execution_id) == r.created
+    finally:
+        await reopened.close()

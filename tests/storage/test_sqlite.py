@@ -1,0 +1,382 @@
+"""SQLite-specific storage behaviour (SPEC §10): file, pragmas, migrations, group commit.
+
+The behaviour every backend shares is in test_contract.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.core import events as ev
+from engine.storage import sqlite as sqlite_backend
+from engine.storage.contract import (
+    AppendExtras,
+    Conflict,
+    StorageError,
+    VersionConflict,
+)
+from engine.storage.sqlite import SCHEMA_VERSION, SqliteStorage
+from engine.workers.outcome import LogLine
+
+from .conftest import ACTIVITY_FFQN, Executor, at, child_id, create_request
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "obelisk.sqlite"
+
+
+@pytest.fixture
+async def storage(db_path: Path) -> AsyncIterator[SqliteStorage]:
+    s = await SqliteStorage.open(db_path)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def raw(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path, isolation_level=None)
+
+
+def user_version(path: Path) -> int:
+    with raw(path) as conn:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def tables(path: Path) -> set[str]:
+    with raw(path) as conn:
+        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+# ---------------------------------------------------------------------------------------
+# file, pragmas, schema
+# ---------------------------------------------------------------------------------------
+
+
+async def test_fresh_database_has_the_current_schema(storage: SqliteStorage, db_path: Path) -> None:
+    assert db_path.exists()
+    assert user_version(db_path) == SCHEMA_VERSION
+    assert {"executions", "events", "responses", "delays", "logs"} <= tables(db_path)
+
+
+async def test_wal_and_synchronous_full(storage: SqliteStorage, db_path: Path) -> None:
+    with raw(db_path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    # synchronous is per connection: ask the writer's.
+    [(level,)] = await storage._writer.execute_fetchall("PRAGMA synchronous")
+    assert level == 2  # FULL
+
+
+async def test_reopen_does_not_migrate_again(db_path: Path) -> None:
+    for _ in range(3):
+        s = await SqliteStorage.open(db_path)
+        await s.create(create_request(), at(0))
+        await s.close()
+    assert user_version(db_path) == SCHEMA_VERSION
+    with raw(db_path) as conn:
+        assert conn.execute("SELECT count(*) FROM executions").fetchone()[0] == 3
+
+
+async def test_newer_schema_is_a_clear_error(db_path: Path) -> None:
+    with raw(db_path) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(StorageError) as info:
+        await SqliteStorage.open(db_path)
+    message = str(info.value)
+    assert str(db_path) in message
+    assert "newer" in message
+    assert str(SCHEMA_VERSION + 1) in message
+    assert user_version(db_path) == SCHEMA_VERSION + 1  # left untouched
+
+
+async def test_migration_to_a_new_version_keeps_data(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = create_request(params=[1])
+    s = await SqliteStorage.open(db_path)
+    await s.create(request, at(0))
+    await s.close()
+
+    extra = "CREATE TABLE extra (x INTEGER NOT NULL);\nINSERT INTO extra VALUES (7);"
+    monkeypatch.setattr(sqlite_backend, "MIGRATIONS", [*sqlite_backend.MIGRATIONS, extra])
+    monkeypatch.setattr(sqlite_backend, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    s = await SqliteStorage.open(db_path)
+    try:
+        assert await s.get_created(request.execution_id) == request.created
+    finally:
+        await s.close()
+    assert user_version(db_path) == SCHEMA_VERSION + 1
+    with raw(db_path) as conn:
+        assert conn.execute("SELECT x FROM extra").fetchall() == [(7,)]
+
+
+async def test_failing_migration_leaves_the_database_unchanged(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = "CREATE TABLE half_done (x);\nSELECT no_such_function();"
+    monkeypatch.setattr(sqlite_backend, "MIGRATIONS", [*sqlite_backend.MIGRATIONS, broken])
+    monkeypatch.setattr(sqlite_backend, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    with pytest.raises(StorageError, match=str(db_path)):
+        await SqliteStorage.open(db_path)
+    assert "half_done" not in tables(db_path)
+    assert user_version(db_path) < SCHEMA_VERSION + 1
+    monkeypatch.undo()
+    s = await SqliteStorage.open(db_path)  # the good migrations still apply
+    await s.close()
+    assert user_version(db_path) == SCHEMA_VERSION
+
+
+async def test_concurrent_opens_of_a_fresh_file(tmp_path: Path) -> None:
+    """Two engines starting on one new file: each migration runs once, both open."""
+    for i in range(8):
+        path = tmp_path / f"race{i}.sqlite"
+        opened = await asyncio.gather(*(SqliteStorage.open(path) for _ in range(3)))
+        await opened[0].create(create_request(), at(0))
+        for s in opened:
+            await s.close()
+        assert user_version(path) == SCHEMA_VERSION
+
+
+async def test_database_path_under_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    path = blocker / "obelisk.sqlite"
+    with pytest.raises(StorageError, match=str(path)):
+        await SqliteStorage.open(path)
+
+
+async def test_database_path_that_is_a_directory_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "a-directory"
+    path.mkdir()
+    with pytest.raises(StorageError, match=str(path)):
+        await SqliteStorage.open(path)
+
+
+async def test_not_a_database_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.sqlite"
+    path.write_bytes(b"this is not a database, just some text that is long enough" * 100)
+    with pytest.raises(StorageError, match=str(path)):
+        await SqliteStorage.open(path)
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Make `path` (file or directory) unwritable, even for root (who ignores modes)."""
+    if os.geteuid() == 0:
+        if shutil.which("chattr") is None:
+            pytest.skip("running as root without chattr: cannot make a file read-only")
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is not supported here")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+    else:
+        mode = path.stat().st_mode
+        path.chmod(0o555 if path.is_dir() else 0o444)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+
+
+async def test_read_only_database_file_is_a_clear_error_at_open(db_path: Path) -> None:
+    s = await SqliteStorage.open(db_path)
+    await s.create(create_request(), at(0))
+    await s.close()
+    with read_only(db_path), pytest.raises(StorageError, match=str(db_path)) as info:
+        await SqliteStorage.open(db_path)
+    assert "readonly" in str(info.value) or "read-only" in str(info.value)
+
+
+async def test_new_database_in_read_only_directory_is_a_clear_error(tmp_path: Path) -> None:
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = directory / "obelisk.sqlite"
+    with read_only(directory), pytest.raises(StorageError, match=str(path)):
+        await SqliteStorage.open(path)
+
+
+async def test_existing_database_in_read_only_directory_is_a_clear_error(tmp_path: Path) -> None:
+    directory = tmp_path / "ro"
+    path = directory / "obelisk.sqlite"
+    s = await SqliteStorage.open(path)
+    await s.close()
+    with read_only(directory), pytest.raises(StorageError, match=str(path)):
+        s = await SqliteStorage.open(path)
+        await s.close()  # not reached when the open fails as it should
+
+
+# ---------------------------------------------------------------------------------------
+# group commit
+# ---------------------------------------------------------------------------------------
+
+
+async def test_group_commit_batches_concurrent_writes(storage: SqliteStorage) -> None:
+    n = 300
+    before = dict(storage.stats)
+    await asyncio.gather(*(storage.create(create_request(), at(0)) for _ in range(n)))
+    logical = storage.stats["logical"] - before["logical"]
+    commits = storage.stats["commits"] - before["commits"]
+    assert logical == n
+    assert 1 <= commits <= n // 10, storage.stats
+
+
+async def test_sequential_writes_commit_one_by_one(storage: SqliteStorage) -> None:
+    before = dict(storage.stats)
+    for _ in range(5):
+        await storage.create(create_request(), at(0))
+    assert storage.stats["commits"] - before["commits"] == 5
+    assert storage.stats["logical"] - before["logical"] == 5
+
+
+async def test_failing_logical_transaction_does_not_fail_its_batch(
+    storage: SqliteStorage,
+) -> None:
+    taken = create_request(params=[1])
+    await storage.create(taken, at(0))
+    locked = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(1)))
+    [le] = locked
+    good = [create_request() for _ in range(20)]
+    commits_before = storage.stats["commits"]
+    calls: list[Any] = [storage.create(r, at(2)) for r in good[:10]]
+    calls.append(storage.create(create_request(taken.execution_id, params=[2]), at(2)))
+    calls.append(storage.append(le.execution_id, 99, [ev.Finished(ev.ResultOk())], at(2)))
+    calls.append(storage.append(le.execution_id, 0, [ev.Unlocked(at(2), "x")], at(2)))
+    calls += [storage.create(r, at(2)) for r in good[10:]]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert storage.stats["commits"] - commits_before < len(calls)  # they did share commits
+
+    assert isinstance(results[10], Conflict)
+    assert isinstance(results[11], VersionConflict)
+    assert isinstance(results[12], VersionConflict)
+    others = results[:10] + results[13:]
+    assert all(r is None for r in others), others
+    for r in good:
+        assert await storage.get_created(r.execution_id) == r.created
+    assert (await storage.get_created(taken.execution_id)).params == [1]
+
+
+async def test_transaction_that_breaks_the_batch_is_retried_alone(
+    storage: SqliteStorage,
+) -> None:
+    """A logical transaction that ruins the whole physical one (here: it rolls it back)
+    fails alone; the others of its batch are re-run and committed."""
+
+    def vandal(conn: sqlite3.Connection, notes: object) -> None:
+        conn.execute("ROLLBACK")
+
+    good = [create_request() for _ in range(10)]
+    calls: list[Any] = [storage.create(r, at(0)) for r in good[:5]]
+    calls.append(storage._write(vandal))
+    calls += [storage.create(r, at(0)) for r in good[5:]]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(results[5], StorageError)
+    assert all(r is None for r in results[:5] + results[6:]), results
+    for r in good:
+        assert await storage.get_created(r.execution_id) == r.created
+    # And the writer goes on.
+    await storage.create(create_request(), at(1))
+
+
+# ---------------------------------------------------------------------------------------
+# durability and concurrency with other connections
+# ---------------------------------------------------------------------------------------
+
+
+async def test_acknowledged_writes_are_committed(storage: SqliteStorage, db_path: Path) -> None:
+    """Once a write returns it is in the file: another connection sees it."""
+    request = create_request()
+    await storage.create(request, at(0))
+    with raw(db_path) as conn:
+        rows = conn.execute(
+            "SELECT version FROM events WHERE execution_id = ?", (request.execution_id,)
+        ).fetchall()
+    assert rows == [(0,)]
+
+
+async def test_everything_survives_close_and_reopen(db_path: Path) -> None:
+    s = await SqliteStorage.open(db_path)
+    parent = create_request(ffqn="testing:wf/ifc.serial", scheduled_at=at(0))
+    await s.create(parent, at(0))
+    pid = parent.execution_id
+    [le] = await s.lock_pending(
+        **Executor(["testing:wf/ifc.serial"], parent.created.component_id).lock_args(at(1))
+    )
+
+    child = child_id(pid, "g:1")
+    await s.append(
+        pid,
+        le.next_version,
+        [
+            ev.HistoryEvent(ev.JoinSetCreate("g:1")),
+            ev.HistoryEvent(
+                ev.JoinSetRequest("g:1", ev.ChildExecutionRequest(child, ACTIVITY_FFQN, [3]))
+            ),
+            ev.HistoryEvent(ev.JoinNext("g:1", run_expires_at=at(2))),
+        ],
+        at(2),
+        AppendExtras(
+            creates=[create_request(child, params=[3], parent=(pid, "g:1"))],
+            logs=[LogLine("info", "submitted")],
+            run_id=le.run_id,
+        ),
+    )
+    [cle] = await s.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3)))
+    await s.append(child, cle.next_version, [ev.Finished(ev.ResultOk("done"))], at(4))
+    before = (
+        await s.get_events(pid),
+        await s.get_responses(pid),
+        await s.get_summary(pid),
+        await s.get_row(pid),
+        await s.get_events(child),
+        await s.get_logs(pid),
+        await s.count_by_state(),
+        await s.next_timer_at(),
+    )
+    await s.close()
+
+    s = await SqliteStorage.open(db_path)
+    try:
+        after = (
+            await s.get_events(pid),
+            await s.get_responses(pid),
+            await s.get_summary(pid),
+            await s.get_row(pid),
+            await s.get_events(child),
+            await s.get_logs(pid),
+            await s.count_by_state(),
+            await s.next_timer_at(),
+        )
+        assert after == before
+        assert await s.wait_for_finished(child, timeout=1) == ev.ResultOk("done")
+    finally:
+        await s.close()
+
+
+async def test_readers_do_not_block_the_writer(storage: SqliteStorage, db_path: Path) -> None:
+    """WAL: an open read transaction elsewhere does not stop commits."""
+    with raw(db_path) as conn:
+        conn.execute("BEGIN")
+        conn.execute("SELECT count(*) FROM executions").fetchone()
+        await asyncio.wait_for(storage.create(create_request(), at(0)), 5)
+        conn.execute("COMMIT")
+
+
+async def test_storage_closed_refuses_writes(db_path: Path) -> None:
+    s = await SqliteStorage.open(db_path)
+    await s.close()
+    await s.close()  # idempotent
+    with pytest.raises(StorageError, match="closed"):
+        await s.create(create_request(), at(0))
