@@ -210,6 +210,12 @@ class Storage(Protocol):
     ) -> ev.ExecutionResult:
         """The result, waiting for it without polling. TimeoutError after `timeout`."""
 
+    async def wait_for_response(
+        self, execution_id: str, after_cursor: int, timeout: float
+    ) -> list[ev.StoredResponse]:
+        """Responses with a cursor above `after_cursor`, waiting up to `timeout` seconds
+        for the first one to arrive ([] on timeout)."""
+
     async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
         """Return when an execution of one of `ffqns` may have become pending, or after
         `timeout` seconds (other processes sharing the database do not notify)."""

@@ -510,6 +510,24 @@ class SqliteStorage:
             finally:
                 self.notifier.drop_result_future(execution_id, fut)
 
+    async def wait_for_response(
+        self, execution_id: str, after_cursor: int, timeout: float
+    ) -> list[ev.StoredResponse]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            event = self.notifier.response_event(execution_id)
+            try:
+                found = await self.get_responses(execution_id, after_cursor)
+                remaining = deadline - loop.time()
+                if found or remaining <= 0:
+                    return found
+                # Other processes sharing the file do not notify: re-check now and then.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(remaining, 1.0))
+            finally:
+                self.notifier.drop_response_event(execution_id, event)
+
     async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
         await self.notifier.wait_pending(ffqns, timeout)
 
@@ -810,6 +828,13 @@ def _append(
             case ev.HistoryEvent(event=ev.JoinSetRequest(join_set_id=js, request=req)):
                 if isinstance(req, ev.ChildExecutionRequest):
                     _create_side(conn, notes, creates, req.child_execution_id, now)
+                elif req.expires_at <= now:
+                    # Already due (e.g. a clock read): answered in the same transaction.
+                    _write_summary(conn, execution_id, s, now)
+                    _add_response(
+                        conn, notes, execution_id, ev.DelayFinished(req.delay_id, js, "ok"), now
+                    )
+                    s = _load_summary(conn, execution_id)
                 else:
                     conn.execute(
                         "INSERT INTO delays (delay_id, execution_id, join_set_id, expires_at) "
