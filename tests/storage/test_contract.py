@@ -21,6 +21,7 @@ from engine.core.state import (
     LockRef,
     Paused,
     PendingAt,
+    replay,
 )
 from engine.storage.contract import (
     AppendExtras,
@@ -1205,3 +1206,157 @@ async def test_close_completes_or_fails_queued_writes(
                 assert await reopened.get_created(r.execution_id) == r.created
     finally:
         await reopened.close()
+
+
+# ---------------------------------------------------------------------------------------
+# more scenarios: concurrency, projections
+# ---------------------------------------------------------------------------------------
+
+
+async def assert_projection_matches_log(storage: Storage, execution_id: str) -> None:
+    """The stored summary is the fold of the stored log and responses (SPEC §4.1)."""
+    events = await storage.get_events(execution_id)
+    responses = await storage.get_responses(execution_id)
+    items: list[tuple[object, int, int, ev.Event | ev.Response]] = [
+        (e.created_at, 0, e.version, e.event) for e in events
+    ]
+    items += [(r.created_at, 1, r.cursor, r.response) for r in responses]
+    items.sort(key=lambda i: (i[0], i[1], i[2]))
+    folded = replay((at_, item) for at_, _, _, item in items)  # type: ignore[misc]
+    assert folded == await storage.get_summary(execution_id)
+
+
+async def test_projection_is_the_fold_of_the_log(storage: Storage) -> None:
+    p = await BlockedParent.build(storage, n_children=2)
+    c1, c2 = p.children
+    locked = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3)))
+    version = {le.execution_id: le.next_version for le in locked}
+    await storage.append(c1, version[c1], [ev.Finished(OK42)], at(4))
+    await storage.pause(p.parent, at(5))
+    await storage.unpause(p.parent, at(6))
+    await storage.append(c2, version[c2], [ev.TemporarilyFailed(at(8), "trap")], at(7))
+    for eid in (p.parent, c1, c2):
+        await assert_projection_matches_log(storage, eid)
+
+
+async def test_delay_can_be_cancelled(storage: Storage) -> None:
+    parent = await create(storage, WORKFLOW_FFQN)
+    le = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    js = "o:1-sleep"
+    delay = delay_id(parent, js)
+    await storage.append(
+        parent,
+        le.next_version,
+        [
+            ev.HistoryEvent(ev.JoinSetCreate(js)),
+            ev.HistoryEvent(
+                ev.JoinSetRequest(js, ev.DelayRequest(delay, at(30), ev.ScheduleAtNow()))
+            ),
+            ev.HistoryEvent(ev.JoinNext(js, run_expires_at=at(2))),
+        ],
+        at(2),
+    )
+    await storage.append_response(parent, ev.DelayFinished(delay, js, "cancelled"), at(3))
+    [r] = await storage.get_responses(parent)
+    assert r.response == ev.DelayFinished(delay, js, "cancelled")
+    assert await storage.expired_timers(at(100)) == ([], [])
+    assert isinstance((await storage.get_summary(parent)).state, PendingAt)
+    await assert_projection_matches_log(storage, parent)
+
+
+async def test_join_next_after_the_response_arrived_does_not_block(storage: Storage) -> None:
+    parent = await create(storage, WORKFLOW_FFQN)
+    le = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    child = child_id(parent, "g:1")
+    s = await storage.append(
+        parent,
+        le.next_version,
+        [
+            ev.HistoryEvent(ev.JoinSetCreate("g:1")),
+            ev.HistoryEvent(
+                ev.JoinSetRequest("g:1", ev.ChildExecutionRequest(child, ACTIVITY_FFQN, []))
+            ),
+        ],
+        at(2),
+        AppendExtras(creates=[create_request(child, parent=(parent, "g:1"))]),
+    )
+    await finish(storage, child, 3)
+    s = await storage.append(
+        parent,
+        s.next_version,
+        [ev.HistoryEvent(ev.JoinNext("g:1", run_expires_at=le.lock_expires_at))],
+        at(4),
+    )
+    assert isinstance(s.state, Locked)
+
+
+async def test_pausing_a_locked_workflow_notifies_its_run(storage: Storage) -> None:
+    eid = await create(storage, WORKFLOW_FFQN)
+    await lock(storage, eid, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    called: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    storage.subscribe_cancellations().add(eid, lambda: called.done() or called.set_result(None))
+    await storage.pause(eid, at(2))
+    await asyncio.wait_for(called, 5)
+
+
+async def test_expired_lock_of_a_cancelling_activity(storage: Storage) -> None:
+    """An executor that died after a cancellation request: the watcher still sees it."""
+    eid = await create(storage)
+    await lock(storage, eid, 1, expiry=10)
+    await storage.request_cancellation(eid, at(2))
+    [expired], _ = await storage.expired_timers(at(12))
+    assert expired.execution_id == eid
+    assert isinstance(expired.summary.state, Cancelling)
+
+
+async def test_paused_is_not_a_timer(storage: Storage) -> None:
+    eid = await create(storage, scheduled_at=at(5))
+    await storage.pause(eid, at(1))
+    assert await storage.next_timer_at() is None
+    await storage.unpause(eid, at(2))
+    assert await storage.next_timer_at() == at(5)
+
+
+async def test_concurrent_pause_and_lock(storage: Storage) -> None:
+    for i in range(10):
+        eid = await create(storage, ACTIVITY_FFQN if i % 2 else OTHER_FFQN, now=i)
+        ffqn = (await storage.get_summary(eid)).ffqn
+        paused, locked = await asyncio.gather(
+            storage.pause(eid, at(i + 0.5)),
+            storage.lock_pending(**Executor([ffqn]).lock_args(at(i + 0.5))),
+            return_exceptions=True,
+        )
+        s = await storage.get_summary(eid)
+        if isinstance(paused, BaseException):
+            assert isinstance(paused, Conflict)
+            assert [le.execution_id for le in locked] == [eid]  # type: ignore[union-attr]
+            assert isinstance(s.state, Locked)
+        else:
+            assert locked == []
+            assert isinstance(s.state, Paused)
+            await storage.request_cancellation(eid, at(i + 0.7))  # out of the way
+
+
+async def test_concurrent_children_finishing_get_distinct_cursors(storage: Storage) -> None:
+    p = await BlockedParent.build(storage, n_children=10)
+    locked = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3), batch_size=10))
+    assert len(locked) == 10
+    await asyncio.gather(
+        *(
+            storage.append(le.execution_id, le.next_version, [ev.Finished(OK42)], at(4))
+            for le in locked
+        )
+    )
+    responses = await storage.get_responses(p.parent)
+    assert [r.cursor for r in responses] == list(range(1, 11))
+    assert {r.response.child_execution_id for r in responses} == set(p.children)  # type: ignore[union-attr]
+    s = await storage.get_summary(p.parent)
+    assert s.responses == 10
+    assert isinstance(s.state, PendingAt)
+
+
+async def test_concurrent_creates_of_one_id(storage: Storage) -> None:
+    request = create_request(params=[1])
+    await asyncio.gather(*(storage.create(request, at(0)) for _ in range(5)))
+    assert len(await storage.get_events(request.execution_id)) == 1
+    assert len(await storage.list_executions(ListFilter())) == 1
