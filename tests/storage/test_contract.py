@@ -1360,3 +1360,46 @@ async def test_concurrent_creates_of_one_id(storage: Storage) -> None:
     await asyncio.gather(*(storage.create(request, at(0)) for _ in range(5)))
     assert len(await storage.get_events(request.execution_id)) == 1
     assert len(await storage.list_executions(ListFilter())) == 1
+
+
+async def test_wait_for_response(storage: Storage) -> None:
+    p = await BlockedParent.build(storage, n_children=2)
+    c1, c2 = p.children
+    locked = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3)))
+    version = {le.execution_id: le.next_version for le in locked}
+    # Nothing yet: [] after the timeout.
+    assert await storage.wait_for_response(p.parent, 0, timeout=0.05) == []
+    # A waiter wakes when the response arrives.
+    waiter = asyncio.create_task(storage.wait_for_response(p.parent, 0, timeout=30))
+    await asyncio.sleep(0)  # let it subscribe (a yield, not a timed wait)
+    await storage.append(c1, version[c1], [ev.Finished(OK42)], at(4))
+    [r1] = await asyncio.wait_for(waiter, 5)
+    assert r1.cursor == 1 and r1.response.child_execution_id == c1  # type: ignore[union-attr]
+    # Already there: at once; only those after the cursor.
+    await storage.append(c2, version[c2], [ev.Finished(OK42)], at(5))
+    assert [r.cursor for r in await storage.wait_for_response(p.parent, 0, timeout=30)] == [1, 2]
+    [r2] = await asyncio.wait_for(storage.wait_for_response(p.parent, 1, timeout=30), 5)
+    assert r2.cursor == 2
+
+
+async def test_already_due_delay_is_answered_in_the_same_append(storage: Storage) -> None:
+    parent = await create(storage, WORKFLOW_FFQN)
+    le = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    js = "o:1-sleep"
+    delay = delay_id(parent, js)
+    s = await storage.append(
+        parent,
+        le.next_version,
+        [
+            ev.HistoryEvent(ev.JoinSetCreate(js)),
+            ev.HistoryEvent(
+                ev.JoinSetRequest(js, ev.DelayRequest(delay, at(2), ev.ScheduleAtNow()))
+            ),
+            ev.HistoryEvent(ev.JoinNext(js, run_expires_at=le.lock_expires_at)),
+        ],
+        at(2),
+    )
+    assert isinstance(s.state, Locked)  # the response was there: join_next did not block
+    [r] = await storage.get_responses(parent)
+    assert r.response == ev.DelayFinished(delay, js, "ok")
+    assert (await storage.expired_timers(at(100)))[1] == []
