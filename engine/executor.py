@@ -89,8 +89,15 @@ def outcome_to_event(
     raise AssertionError(outcome)
 
 
-class ActivityExecutor:
-    """Runs the activities of one component."""
+class BaseExecutor:
+    """The loop shared by activity and workflow executors (SPEC §6.1).
+
+    Each tick locks up to `exec.batch_size` due executions (never more than free slots of
+    `exec.max_inflight`), runs each in its own task, and sleeps on an in-process
+    notification (or `exec.tick_sleep`) when nothing is due.
+    """
+
+    with_log = False
 
     def __init__(
         self,
@@ -108,23 +115,24 @@ class ActivityExecutor:
         self.ffqns = component.ffqns
         self.retry = ev.RetryConfig(cfg.max_retries, cfg.retry_exp_backoff_ms)
         self._inflight: dict[str, tuple[asyncio.Task[None], threading.Event]] = {}
-        self._slots = asyncio.Semaphore(cfg.exec.max_inflight)
+        self._slot_freed = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def name(self) -> str:
+        return self.component.config.name
+
     def start(self) -> None:
-        self._task = asyncio.create_task(
-            self._loop(), name=f"executor {self.component.config.name}"
-        )
+        self._task = asyncio.create_task(self._loop(), name=f"executor {self.name}")
 
     async def _loop(self) -> None:
         cfg = self.component.config.exec
         while not self._stopping:
-            free = min(cfg.batch_size, self._slots._value)
-            if free == 0:
-                # All slots busy: wait for one run to end.
-                async with self._slots:
-                    pass
+            free = min(cfg.batch_size, cfg.max_inflight - len(self._inflight))
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
                 continue
             now = self.clock.now()
             try:
@@ -137,9 +145,10 @@ class ActivityExecutor:
                     run_id=new_run_id(),
                     lock_expires_at=now + timedelta(milliseconds=cfg.lock_expiry_ms),
                     retry_config=self.retry,
+                    with_log=self.with_log,
                 )
             except StorageError as e:
-                log.error("executor %s: locking failed: %s", self.component.config.name, e)
+                log.error("executor %s: locking failed: %s", self.name, e)
                 await self.clock.sleep(cfg.tick_sleep_ms / 1000)
                 continue
             for locked in batch:
@@ -149,34 +158,54 @@ class ActivityExecutor:
 
     def _spawn(self, locked: LockedExecution) -> None:
         cancel = threading.Event()
-        task = asyncio.create_task(self._run_one(locked, cancel))
+        task = asyncio.create_task(self._guarded_run(locked, cancel))
         self._inflight[locked.execution_id] = (task, cancel)
         self.storage.subscribe_cancellations().add(locked.execution_id, cancel.set)
 
-    async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
-        await self._slots.acquire()
+    async def _guarded_run(self, locked: LockedExecution, cancel: threading.Event) -> None:
         try:
-            info = self.component.functions[locked.ffqn]
-            lines: list[LogLine] = []
-            remaining = (locked.lock_expires_at - self.clock.now()).total_seconds()
-            deadline = time.monotonic() + max(0.0, remaining)
-            run = self._runner_call(locked, deadline, cancel, lines.append)
-            outcome = await asyncio.get_running_loop().run_in_executor(self.threads, run)
-            now = self.clock.now()
-            if self._stopping and not isinstance(outcome, RunOk | RunErr):
-                # Interrupted by shutdown, not by the activity: release without a retry.
-                event: ev.Event = ev.Unlocked(now, "executor closing")
-            else:
-                event = outcome_to_event(locked, outcome, now, _ok_type(info.return_type))
-            await self._append(locked, event, lines, now)
+            await self._run_one(locked, cancel)
         except Exception:
-            log.exception(
-                "executor %s: run of %s failed", self.component.config.name, locked.execution_id
-            )
+            log.exception("executor %s: run of %s failed", self.name, locked.execution_id)
         finally:
-            self._slots.release()
             self.storage.subscribe_cancellations().remove(locked.execution_id)
             self._inflight.pop(locked.execution_id, None)
+            self._slot_freed.set()
+
+    async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        """Stop locking; interrupt runs and release them with `unlocked("executor closing")`."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        inflight = list(self._inflight.items())
+        for _, (_, cancel) in inflight:
+            cancel.set()
+        if inflight:
+            await asyncio.gather(*(t for _, (t, _) in inflight), return_exceptions=True)
+
+
+class ActivityExecutor(BaseExecutor):
+    """Runs the activities of one component."""
+
+    async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
+        info = self.component.functions[locked.ffqn]
+        lines: list[LogLine] = []
+        remaining = (locked.lock_expires_at - self.clock.now()).total_seconds()
+        deadline = time.monotonic() + max(0.0, remaining)
+        run = self._runner_call(locked, deadline, cancel, lines.append)
+        outcome = await asyncio.get_running_loop().run_in_executor(self.threads, run)
+        now = self.clock.now()
+        if self._stopping and not isinstance(outcome, RunOk | RunErr):
+            # Interrupted by shutdown, not by the activity: release without a retry.
+            event: ev.Event = ev.Unlocked(now, "executor closing")
+        else:
+            event = outcome_to_event(locked, outcome, now, _ok_type(info.return_type))
+        await self._append(locked, event, lines, now)
 
     def _runner_call(
         self,
@@ -240,19 +269,6 @@ class ActivityExecutor:
         except (Conflict, NotFound):
             return False
         return True
-
-    async def stop(self) -> None:
-        """Stop locking; interrupt runs and release them with `unlocked("executor closing")`."""
-        self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        inflight = list(self._inflight.items())
-        for _, (_, cancel) in inflight:
-            cancel.set()
-        if inflight:
-            await asyncio.gather(*(t for _, (t, _) in inflight), return_exceptions=True)
 
 
 def _ok_type(return_type: Any) -> Any:
