@@ -164,6 +164,19 @@ def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -
             functions,
             wasm_activity.WasmActivityRunner(component, signatures),
         )
+    if config.type == "workflow_js":
+        from engine.workflow.js_runtime import JsWorkflowRunner
+
+        digest = _typed_digest(config, data)
+        source = data.decode("utf-8", errors="replace")
+        fn = _declared_function(config)
+        return LoadedComponent(
+            config,
+            ev.ComponentId("workflow_js", config.name, digest),
+            {fn.ffqn: fn},
+            JsWorkflowRunner(source, str(config.location), config.export),
+            source,
+        )
     raise DeploymentError(
         f"{config.section}: {config.type} components are not supported by this version yet"
     )
@@ -202,4 +215,22 @@ async def load_registry(
                 )
             registry.functions[ffqn] = (info, component)
         registry.components.append(component)
+    await asyncio.gather(
+        *(asyncio.to_thread(_check_workflow, c, registry) for c in registry.components)
+    )
     return registry
+
+
+def _check_workflow(component: LoadedComponent, registry: Registry) -> None:
+    """Workflows import other components' interfaces: check them against the registry."""
+    if component.config.type != "workflow_js":
+        return
+    from engine.workflow.host import registry_interfaces
+    from engine.workflow.js_runtime import JsWorkflowLoadError
+
+    try:
+        component.runner.check(registry_interfaces(registry))
+    except JsWorkflowLoadError as e:
+        raise DeploymentError(
+            f"{registry.deployment.path}: {component.config.section}: {e}"
+        ) from None

@@ -19,9 +19,10 @@ from engine.core.clock import Clock, SystemClock
 from engine.core.ids import ExecutionId, IdError, new_deployment_id
 from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
-from engine.executor import ActivityExecutor, TimersWatcher
+from engine.executor import ActivityExecutor, BaseExecutor, TimersWatcher
 from engine.storage.contract import CreateRequest, Storage, VersionConflict
 from engine.storage.sqlite import SqliteStorage
+from engine.workflow.executor import WorkflowExecutor
 
 log = logging.getLogger("obelisk.engine")
 
@@ -45,7 +46,9 @@ class Engine:
         self.wasm_engine = wasm_engine
         self.deployment_id = new_deployment_id()
         self.threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="obelisk-run")
-        self.executors: list[ActivityExecutor] = []
+        # Workflow runs block their thread while awaiting children (strategy `await`).
+        self.workflow_threads = ThreadPoolExecutor(max_workers=256, thread_name_prefix="obelisk-wf")
+        self.executors: list[BaseExecutor] = []
         self.watcher = TimersWatcher(storage, clock)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -82,7 +85,18 @@ class Engine:
         for component in self.registry.components:
             if component.config.type in _NOT_EXECUTED or component.runner is None:
                 continue
-            executor = ActivityExecutor(self.storage, component, self.clock, self.threads)
+            executor: BaseExecutor
+            if component.config.is_workflow:
+                executor = WorkflowExecutor(
+                    self.storage,
+                    component,
+                    self.clock,
+                    self.workflow_threads,
+                    registry=self.registry,
+                    deployment_id=self.deployment_id,
+                )
+            else:
+                executor = ActivityExecutor(self.storage, component, self.clock, self.threads)
             executor.start()
             self.executors.append(executor)
 
@@ -92,6 +106,7 @@ class Engine:
         self.executors.clear()
         await self.storage.close()
         self.threads.shutdown(wait=False, cancel_futures=True)
+        self.workflow_threads.shutdown(wait=False, cancel_futures=True)
 
     # -- components ----------------------------------------------------------------------
     @property

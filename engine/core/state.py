@@ -376,3 +376,30 @@ def on_lock_expired(s: ExecutionSummary, now: datetime) -> ev.Event:
     return on_temporary_failure(
         s, now, "timed out", "", ev.ExecutionFailure("timed_out", "lock expired"), timed_out=True
     )
+
+
+def replay_stored(
+    events: Iterable[ev.StoredEvent], responses: Iterable[ev.StoredResponse]
+) -> ExecutionSummary:
+    """`replay` of a stored log and its responses, interleaved by write time.
+
+    Responses written in the same transaction as an event share its timestamp; they are
+    placed after the requests and before the `join_next` of that transaction, which is
+    the order the engine writes them in.
+    """
+    pending = sorted(responses, key=lambda r: r.cursor)
+    items: list[tuple[datetime, ev.Event | ev.Response]] = []
+    i = 0
+    for stored in events:
+        is_join_next = isinstance(stored.event, ev.HistoryEvent) and isinstance(
+            stored.event.event, ev.JoinNext
+        )
+        while i < len(pending) and (
+            pending[i].created_at < stored.created_at
+            or (is_join_next and pending[i].created_at == stored.created_at)
+        ):
+            items.append((pending[i].created_at, pending[i].response))
+            i += 1
+        items.append((stored.created_at, stored.event))
+    items.extend((r.created_at, r.response) for r in pending[i:])
+    return replay(items)

@@ -1,0 +1,148 @@
+"""The workflow executor: lock, replay the function against its log, write the outcome.
+
+A run happens on a worker thread: the runtime executes the guest, which calls the
+`ReplayHost`; the host answers from history or writes new events through the event loop.
+When the function returns or traps, its open join sets are closed (SPEC §7.3) and
+`finished` is written. Nondeterminism finishes the execution; being unloaded (strategy
+`interrupt`, or `await` past the lock expiry) writes nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from datetime import timedelta
+from typing import Any
+
+from engine.components import Registry
+from engine.core import events as ev
+from engine.executor import BaseExecutor, _ok_type
+from engine.storage.contract import Conflict, LockedExecution
+from engine.wit.codec import WitValueError, validate_json
+from engine.workflow.host import ReplayHost
+from engine.workflow.host_api import RunAborted
+
+log = logging.getLogger("obelisk.workflow")
+
+
+class WorkflowExecutor(BaseExecutor):
+    """Runs the workflows of one `workflow_js` / `workflow_wasm` component."""
+
+    with_log = True
+
+    def __init__(self, *args: Any, registry: Registry, deployment_id: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.registry = registry
+        self.deployment_id = deployment_id
+        self.retry = ev.RetryConfig(None, self.component.config.retry_exp_backoff_ms)
+        self._on_stop: dict[str, Any] = {}
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for callback in list(self._on_stop.values()):
+            callback()
+        await super().stop()
+
+    async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
+        cfg = self.component.config
+        host = ReplayHost(
+            locked=locked,
+            storage=self.storage,
+            registry=self.registry,
+            clock=self.clock,
+            loop=asyncio.get_running_loop(),
+            component_id=self.component.component_id,
+            executor_id=self.executor_id,
+            deployment_id=self.deployment_id,
+            lock_expiry=timedelta(milliseconds=cfg.exec.lock_expiry_ms),
+            strategy=cfg.blocking_strategy,
+        )
+        host.retry_config = self.retry
+        runner = self.component.runner
+
+        def on_cancel() -> None:
+            # Cancellation, pause or shutdown: the run must let go of the execution.
+            host.interrupt("closing" if self._stopping else "released")
+            runner.interrupt(locked.execution_id)
+
+        self.storage.subscribe_cancellations().add(locked.execution_id, on_cancel)
+        self._on_stop[locked.execution_id] = on_cancel
+        if cancel.is_set():
+            on_cancel()
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self.threads, lambda: self._drive(host, locked)
+            )
+        finally:
+            self._on_stop.pop(locked.execution_id, None)
+        if self._stopping and host.aborted is not None and host.aborted.kind == "closing":
+            with contextlib.suppress(Conflict):
+                await self.storage.append(
+                    locked.execution_id,
+                    host.version,
+                    [ev.Unlocked(self.clock.now(), "executor closing")],
+                    self.clock.now(),
+                )
+
+    def _drive(self, host: ReplayHost, locked: LockedExecution) -> None:
+        """On the worker thread: run the guest, close join sets, write the outcome."""
+        from engine.workflow.js_runtime import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
+
+        runner = self.component.runner
+        outcome = runner.run(host, locked.params)
+        try:
+            if host.aborted is not None or isinstance(outcome, WfAborted):
+                self._finish_aborted(host)
+                return
+            # A child never outlives its parent: close what is still open (SPEC §7.3).
+            host.close_all()
+            leftover = host.leftover_history()
+            if leftover is not None:
+                host.failure = ev.ExecutionFailure(
+                    "nondeterminism_detected", "nondeterminism detected", leftover
+                )
+                self._finish_aborted(host)
+                return
+            result: ev.ExecutionResult
+            match outcome:
+                case WfOk(value=value):
+                    result = self._checked_ok(locked.ffqn, value)
+                case WfErr(value=value):
+                    result = ev.ResultErr(value)
+                case WfTrap(reason=reason, detail=detail):
+                    result = ev.ExecutionFailure("uncategorized", reason, detail)
+                case WfTimedOut():
+                    # Spinning without host calls: retried like a timeout (workflows forever).
+                    result = ev.ExecutionFailure("timed_out", "workflow spun without host calls")
+                case _:
+                    result = ev.ExecutionFailure("uncategorized", f"unexpected outcome {outcome!r}")
+            host.flush([ev.Finished(result)])
+        except RunAborted:
+            self._finish_aborted(host)
+
+    def _checked_ok(self, ffqn: str, value: Any) -> ev.ExecutionResult:
+        info = self.component.functions[ffqn]
+        ok_type = _ok_type(info.return_type)
+        if ok_type is None:
+            return ev.ResultOk(value)
+        try:
+            return ev.ResultOk(validate_json(value, ok_type, "return value"))
+        except WitValueError as e:
+            return ev.ExecutionFailure("uncategorized", "invalid return value", str(e))
+
+    def _finish_aborted(self, host: ReplayHost) -> None:
+        if host.failure is None:
+            return  # unloaded / lock lost / released: nothing to write
+        now = self.clock.now()
+        try:
+            host._sync(
+                self.storage.append(
+                    host.execution_id, host.version, [ev.Finished(host.failure)], now
+                )
+            )
+        except Conflict as e:
+            log.info(
+                "workflow %s: could not record %s: %s", host.execution_id, host.failure.kind, e
+            )

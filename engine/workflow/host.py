@@ -1,0 +1,759 @@
+"""The replaying workflow host: answers a run's host calls from its history, or writes them.
+
+One `ReplayHost` per run. It lives on the guest's worker thread; storage calls are
+submitted to the engine's event loop and waited for on that thread, so the loop is never
+blocked. Matching follows SPEC §7.1: each call is compared with the next unprocessed
+history event by its deterministic key; past the end of the history the call is new and
+is written (with the `await` strategy, non-blocking events are buffered and written in
+one transaction before the next blocking write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from ulid import ULID
+
+from engine.components import Registry
+from engine.core import events as ev
+from engine.core.clock import Clock
+from engine.core.ids import ExecutionId, JoinSetId
+from engine.core.state import BlockedByJoinSet
+from engine.errors import InvalidParams, UnknownFunction
+from engine.storage.contract import (
+    AppendExtras,
+    Conflict,
+    CreateRequest,
+    LockedExecution,
+    Storage,
+    StorageError,
+    VersionConflict,
+)
+from engine.workers.outcome import LogLine
+from engine.workflow.host_api import (
+    AllProcessed,
+    ChildResponse,
+    DelayResponse,
+    Frame,
+    FunctionMismatch,
+    FunctionShape,
+    JoinNextAnswer,
+    Pending,
+    RunAborted,
+    ScheduleAtArg,
+    WorkflowCallError,
+)
+
+log = logging.getLogger("obelisk.workflow")
+T = TypeVar("T")
+
+#: Extend the lock when a host call comes this close to its expiry (SPEC §6.2).
+LOCK_EXTENSION_LEEWAY = timedelta(milliseconds=100)
+#: Buffered events are written once this many are waiting, even without a blocking call.
+MAX_BUFFERED = 200
+
+
+class Nondeterminism(Exception):
+    """The code asked for something other than what its history recorded."""
+
+
+@dataclass(slots=True)
+class _JoinSet:
+    id: str
+    members: list[str] = field(default_factory=list)  # child / delay ids, submission order
+    member_ffqn: dict[str, str | None] = field(default_factory=dict)  # None for delays
+    processed: set[str] = field(default_factory=set)
+    closed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AbortReason:
+    kind: str  # "interrupted" | "unloaded" | "lock_lost" | "nondeterminism" | "cancelled"
+    detail: str = ""
+
+
+def _ms(dt: datetime) -> int:
+    return int((dt - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(milliseconds=1))
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+
+
+def result_hash(result: dict[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(result, sort_keys=True).encode()).hexdigest()
+
+
+class ReplayHost:
+    """Implements `engine.workflow.host_api.WorkflowHost` for one locked run."""
+
+    def __init__(
+        self,
+        *,
+        locked: LockedExecution,
+        storage: Storage,
+        registry: Registry,
+        clock: Clock,
+        loop: asyncio.AbstractEventLoop,
+        component_id: ev.ComponentId,
+        executor_id: str,
+        deployment_id: str,
+        lock_expiry: timedelta,
+        strategy: str,
+    ) -> None:
+        assert locked.events is not None and locked.responses is not None
+        self.execution_id = locked.execution_id
+        self._eid = ExecutionId.parse(locked.execution_id)
+        self.storage = storage
+        self.registry = registry
+        self.clock = clock
+        self.loop = loop
+        self.component_id = component_id
+        self.executor_id = executor_id
+        self.run_id = locked.run_id
+        self.deployment_id = deployment_id
+        self.lock_expiry = lock_expiry
+        self.strategy = strategy
+        self.retry_config = ev.RetryConfig(None, 100)
+        self.version = locked.next_version
+        self.lock_expires_at = locked.lock_expires_at
+        self.history: list[tuple[int, ev.HistoryEventKind]] = [
+            (e.version, e.event.event)
+            for e in locked.events
+            if isinstance(e.event, ev.HistoryEvent)
+        ]
+        self.cursor = 0
+        self._responses_by_js: dict[str, list[ev.StoredResponse]] = {}
+        self.max_cursor = 0
+        self._add_responses(locked.responses)
+        self._delay_expiry: dict[str, datetime] = {}
+        self._consumed_by_js: dict[str, int] = {}
+        self._results: dict[str, dict[str, Any]] = {}
+        self.join_sets: dict[str, _JoinSet] = {}
+        self._join_set_counter = 0
+        self._persist_counter = 0
+        self._buffer: list[ev.Event] = []
+        self._creates: list[CreateRequest] = []
+        self.logs: list[LogLine] = []
+        self.stack: list[Frame] = []
+        self.aborted: AbortReason | None = None
+        self.failure: ev.ExecutionFailure | None = None
+        self._interrupt = threading.Event()
+        self.on_interrupt: list[Any] = []  # runtime callbacks (e.g. stop spinning JS)
+
+    # ------------------------------------------------------------------------------
+    # plumbing
+    # ------------------------------------------------------------------------------
+    def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def interrupt(self, kind: str, detail: str = "") -> None:
+        """Stop the run from outside (cancellation, pause, shutdown). Thread-safe."""
+        if self.aborted is None:
+            self.aborted = AbortReason(kind, detail)
+        self._interrupt.set()
+        for callback in self.on_interrupt:
+            callback()
+
+    def _abort(self, kind: str, detail: str = "") -> RunAborted:
+        if self.aborted is None:
+            self.aborted = AbortReason(kind, detail)
+        return RunAborted(f"{kind}: {detail}" if detail else kind)
+
+    def _check(self) -> None:
+        if self.aborted is not None:
+            raise RunAborted(self.aborted.kind)
+
+    def _nondeterminism(self, detail: str) -> RunAborted:
+        self.failure = ev.ExecutionFailure(
+            "nondeterminism_detected", "nondeterminism detected", detail
+        )
+        return self._abort("nondeterminism", detail)
+
+    def _next_recorded(self) -> tuple[int, ev.HistoryEventKind] | None:
+        if self.cursor < len(self.history):
+            item = self.history[self.cursor]
+            self.cursor += 1
+            return item
+        return None
+
+    @property
+    def replaying(self) -> bool:
+        return self.cursor < len(self.history)
+
+    def _match(
+        self,
+        want: ev.HistoryEventKind,
+        matches: Callable[[ev.HistoryEventKind], bool] | None = None,
+    ) -> ev.HistoryEventKind | None:
+        """Match the next recorded event against the call's deterministic key (by default
+        equality with `want`); None when the call is new (past the end of the history)."""
+        recorded = self._next_recorded()
+        if recorded is None:
+            return None
+        version, got = recorded
+        if not (matches(got) if matches is not None else got == want):
+            raise self._nondeterminism(
+                f"at version {version} the log has {_describe(got)}, but the code now asks for "
+                f"{_describe(want)}"
+            )
+        return got
+
+    # -- writing -------------------------------------------------------------------
+    def _record(
+        self, event: ev.HistoryEventKind, creates: list[CreateRequest] | None = None
+    ) -> None:
+        self._buffer.append(ev.HistoryEvent(event))
+        if creates:
+            self._creates.extend(creates)
+        if self.strategy != "await" or len(self._buffer) >= MAX_BUFFERED:
+            self.flush()
+
+    def flush(self, extra: list[ev.Event] | None = None) -> Any:
+        """Write buffered events (and `extra`) in one transaction; returns the summary."""
+        events = self._buffer + (extra or [])
+        if not events:
+            return None
+        self._check()
+        now = self.clock.now()
+        if self.lock_expires_at - now < LOCK_EXTENSION_LEEWAY:
+            events.insert(0, self._extension(now))
+        extras = AppendExtras(creates=self._creates, logs=self.logs, run_id=self.run_id)
+        try:
+            summary = self._sync(
+                self.storage.append(self.execution_id, self.version, events, now, extras)
+            )
+        except VersionConflict as e:
+            raise self._abort("lock_lost", str(e)) from None
+        except Conflict as e:
+            raise self._abort("lock_lost", str(e)) from None
+        self._buffer = []
+        self._creates = []
+        self.logs = []
+        self.version = summary.next_version
+        return summary
+
+    def _extension(self, now: datetime) -> ev.Locked:
+        self.lock_expires_at = now + self.lock_expiry
+        return ev.Locked(
+            self.component_id,
+            self.executor_id,
+            self.run_id,
+            self.lock_expires_at,
+            self.retry_config,
+        )
+
+    # ------------------------------------------------------------------------------
+    # determinism
+    # ------------------------------------------------------------------------------
+    def _rng(self) -> random.Random:
+        self._persist_counter += 1
+        return random.Random(f"{self.execution_id}/{self._persist_counter}")
+
+    def _persist(self, kind: ev.PersistKind, generate: Any) -> Any:
+        self._check()
+        rng = self._rng()
+        recorded = self._match(
+            ev.Persist(None, kind), lambda g: isinstance(g, ev.Persist) and g.kind == kind
+        )
+        if recorded is not None:
+            assert isinstance(recorded, ev.Persist)
+            return recorded.value
+        value = generate(rng)
+        self._record(ev.Persist(value, kind))
+        return value
+
+    def random_u64(self, min_: int, max_inclusive: int) -> int:
+        if not 0 <= min_ <= max_inclusive < 2**64:
+            raise WorkflowCallError(f"random_u64: invalid range [{min_}, {max_inclusive}]")
+        value: int = self._persist(
+            ev.PersistRandomU64(min_, max_inclusive), lambda r: r.randint(min_, max_inclusive)
+        )
+        return value
+
+    def random_string(self, min_len: int, max_len_exclusive: int) -> str:
+        if not 0 <= min_len < max_len_exclusive:
+            raise WorkflowCallError(
+                f"random_string: invalid length range [{min_len}, {max_len_exclusive})"
+            )
+        alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+        def generate(r: random.Random) -> str:
+            n = r.randrange(min_len, max_len_exclusive)
+            return "".join(r.choice(alphabet) for _ in range(n))
+
+        value: str = self._persist(ev.PersistRandomString(min_len, max_len_exclusive), generate)
+        return value
+
+    def _generated_id(self) -> str:
+        def generate(r: random.Random) -> str:
+            ms = _ms(self.clock.now())
+            return "E_" + str(ULID.from_bytes(ms.to_bytes(6, "big") + r.randbytes(10)))
+
+        value: str = self._persist(ev.PersistExecutionId(), generate)
+        return value
+
+    def execution_id_generate(self) -> str:
+        return self._generated_id()
+
+    def now_ms(self) -> int:
+        """A clock read is an already-due delay in a one-off join set (SPEC §7.4)."""
+        js = self._new_join_set("o", "sleep")
+        delay_id = self._submit_delay(js, "now")
+        answer = self.join_next(js)
+        self.join_sets[js].closed = True
+        assert isinstance(answer, DelayResponse)
+        return self._delay_expiry_ms(delay_id)
+
+    # ------------------------------------------------------------------------------
+    # join sets
+    # ------------------------------------------------------------------------------
+    def _new_join_set(self, kind: str, name: str | None) -> str:
+        self._check()
+        self._join_set_counter += 1
+        k = self._join_set_counter
+        if kind == "o":
+            js = str(JoinSetId("o", f"{k}-{name}"))
+        elif kind == "g":
+            js = str(JoinSetId("g", str(k)))
+        else:
+            assert name is not None
+            js = str(JoinSetId("n", JoinSetId.validate_name(name)))
+        if js in self.join_sets:
+            raise WorkflowCallError(f"join set {js} already exists")
+        want = ev.JoinSetCreate(js)
+        if self._match(want) is None:
+            self._record(want)
+        self.join_sets[js] = _JoinSet(js)
+        return js
+
+    def join_set_create(self, name: str | None = None) -> str:
+        if name is None:
+            return self._new_join_set("g", None)
+        try:
+            return self._new_join_set("n", name)
+        except ValueError as e:
+            raise WorkflowCallError(str(e)) from None
+
+    def _open(self, join_set_id: str) -> _JoinSet:
+        js = self.join_sets.get(join_set_id)
+        if js is None:
+            raise WorkflowCallError(f"unknown join set {join_set_id}")
+        if js.closed:
+            raise WorkflowCallError(f"join set {join_set_id} is closed")
+        return js
+
+    def submit(self, join_set_id: str, ffqn: str, params: list[Any]) -> str:
+        self._check()
+        js = self._open(join_set_id)
+        try:
+            _, component = self.registry.function(ffqn)
+            checked = self.registry.validate_params(ffqn, params)
+        except (UnknownFunction, InvalidParams) as e:
+            raise WorkflowCallError(str(e)) from None
+        child = str(self._eid.child(JoinSetId.parse(join_set_id), len(js.members) + 1))
+        want = ev.JoinSetRequest(join_set_id, ev.ChildExecutionRequest(child, ffqn, checked))
+        if self._match(want) is None:
+            now = self.clock.now()
+            created = ev.Created(
+                ffqn=ffqn,
+                params=checked,
+                scheduled_at=now,
+                component_id=component.component_id,
+                deployment_id=self.deployment_id,
+                parent=(self.execution_id, join_set_id),
+            )
+            self._record(want, [CreateRequest(child, created)])
+        js.members.append(child)
+        js.member_ffqn[child] = ffqn
+        return child
+
+    def _schedule_at(self, schedule_at: ScheduleAtArg) -> tuple[ev.ScheduleAt, datetime]:
+        now = self.clock.now()
+        if schedule_at == "now":
+            return ev.ScheduleAtNow(), now
+        kind, value = schedule_at
+        if kind == "in":
+            return ev.ScheduleAtIn(int(value)), now + timedelta(milliseconds=int(value))
+        at = _from_ms(int(value))
+        return ev.ScheduleAtTime(at), at
+
+    def _submit_delay(self, join_set_id: str, schedule_at: ScheduleAtArg) -> str:
+        js = self._open(join_set_id)
+        delay_id = str(self._eid.delay(JoinSetId.parse(join_set_id), len(js.members) + 1))
+        intent, expires_at = self._schedule_at(schedule_at)
+        want = ev.JoinSetRequest(join_set_id, ev.DelayRequest(delay_id, expires_at, intent))
+        recorded = self._match(
+            want,
+            lambda g: (
+                isinstance(g, ev.JoinSetRequest)
+                and g.join_set_id == join_set_id
+                and isinstance(g.request, ev.DelayRequest)
+                and g.request.delay_id == delay_id
+                and g.request.schedule_at == intent
+            ),
+        )
+        if recorded is None:
+            self._record(want)
+        else:
+            assert isinstance(recorded, ev.JoinSetRequest)
+            assert isinstance(recorded.request, ev.DelayRequest)
+            expires_at = recorded.request.expires_at  # the recorded time is the answer
+        self._delay_expiry[delay_id] = expires_at
+        js.members.append(delay_id)
+        js.member_ffqn[delay_id] = None
+        return delay_id
+
+    def _delay_expiry_ms(self, delay_id: str) -> int:
+        return _ms(self._delay_expiry[delay_id])
+
+    def submit_delay(self, join_set_id: str, schedule_at: ScheduleAtArg) -> str:
+        self._check()
+        return self._submit_delay(join_set_id, schedule_at)
+
+    # -- responses -----------------------------------------------------------------
+    def _add_responses(self, responses: list[ev.StoredResponse]) -> None:
+        for r in responses:
+            if r.cursor > self.max_cursor:
+                self._responses_by_js.setdefault(r.response.join_set_id, []).append(r)
+                self.max_cursor = r.cursor
+
+    def _take_response(self, join_set_id: str) -> ev.StoredResponse | None:
+        """The next response of the join set in arrival order, if it has arrived."""
+        index = self._consumed_by_js.get(join_set_id, 0)
+        matching = self._responses_by_js.get(join_set_id, ())
+        if index < len(matching):
+            self._consumed_by_js[join_set_id] = index + 1
+            return matching[index]
+        return None
+
+    def _fetch_responses(self, timeout: float) -> None:
+        self._add_responses(
+            self._sync(self.storage.wait_for_response(self.execution_id, self.max_cursor, timeout))
+        )
+
+    def _answer(self, js: _JoinSet, stored: ev.StoredResponse) -> JoinNextAnswer:
+        r = stored.response
+        if isinstance(r, ev.ChildExecutionFinished):
+            result = ev.result_to_json(r.result)
+            self._results[r.child_execution_id] = result
+            js.processed.add(r.child_execution_id)
+            return ChildResponse(
+                r.child_execution_id, js.member_ffqn.get(r.child_execution_id) or "", result
+            )
+        js.processed.add(r.delay_id)
+        return DelayResponse(r.delay_id, r.outcome)
+
+    def _unprocessed(self, js: _JoinSet) -> int:
+        return len(js.members) - self._consumed_by_js.get(js.id, 0)
+
+    def join_next(
+        self, join_set_id: str, requested_ffqn: str | None = None, *, closing: bool = False
+    ) -> JoinNextAnswer | AllProcessed | FunctionMismatch:
+        self._check()
+        js = self.join_sets.get(join_set_id)
+        if js is None:
+            raise WorkflowCallError(f"unknown join set {join_set_id}")
+        if js.closed and not closing:
+            raise WorkflowCallError(f"join set {join_set_id} is closed")
+        if self._unprocessed(js) == 0:
+            want_too_many = ev.JoinNextTooMany(join_set_id, requested_ffqn)
+            if self._match(want_too_many) is None:
+                self._record(want_too_many)
+            return AllProcessed()
+        want = ev.JoinNext(join_set_id, self.lock_expires_at, requested_ffqn, closing)
+        recorded = self._match(
+            want,
+            lambda g: (
+                isinstance(g, ev.JoinNext)
+                and g.join_set_id == join_set_id
+                and g.requested_ffqn == requested_ffqn
+                and g.closing == closing
+            ),
+        )
+        if recorded is not None:
+            stored = self._take_response(join_set_id)
+            if stored is None:
+                stored = self._wait_response(join_set_id, blocked=True)
+        else:
+            stored = self._new_join_next(join_set_id, requested_ffqn, closing)
+        answer = self._answer(js, stored)
+        if (
+            requested_ffqn is not None
+            and isinstance(answer, ChildResponse)
+            and answer.ffqn != requested_ffqn
+        ):
+            return FunctionMismatch(answer, requested_ffqn)
+        return answer
+
+    def _new_join_next(
+        self, join_set_id: str, requested_ffqn: str | None, closing: bool
+    ) -> ev.StoredResponse:
+        now = self.clock.now()
+        run_expires_at = self.lock_expires_at if self.strategy == "await" else now
+        event = ev.HistoryEvent(ev.JoinNext(join_set_id, run_expires_at, requested_ffqn, closing))
+        summary = self.flush([event])
+        if isinstance(summary.underlying, BlockedByJoinSet):
+            return self._wait_response(join_set_id, blocked=True)
+        # Answered already: the response is in the database.
+        stored = self._take_response(join_set_id)
+        while stored is None:
+            self._fetch_responses(0)
+            stored = self._take_response(join_set_id)
+        return stored
+
+    def _wait_response(self, join_set_id: str, *, blocked: bool) -> ev.StoredResponse:
+        """Wait for the join set's next response (strategy `await`), or unload the run."""
+        while True:
+            stored = self._take_response(join_set_id)
+            if stored is not None:
+                break
+            self._check()
+            if self.strategy != "await":
+                raise self._abort("interrupted")
+            remaining = (self.lock_expires_at - self.clock.now()).total_seconds()
+            if remaining <= 0:
+                raise self._abort("unloaded", "lock expired while waiting for a response")
+            if self._interrupt.is_set():
+                self._check()
+            self._fetch_responses(min(remaining, 0.5))
+        if blocked:
+            # The response unblocked us: continue this warm run with a lock extension.
+            self.flush([self._extension(self.clock.now())])
+        return stored
+
+    def join_next_try(self, join_set_id: str) -> JoinNextAnswer | Pending | AllProcessed:
+        self._check()
+        js = self._open(join_set_id)
+        version = self.history[self.cursor][0] if self.replaying else self.version
+        got = self._match(
+            ev.JoinNextTry(join_set_id, "found"),
+            lambda g: isinstance(g, ev.JoinNextTry) and g.join_set_id == join_set_id,
+        )
+        if got is not None:
+            assert isinstance(got, ev.JoinNextTry)
+            if got.outcome == "pending":
+                return Pending()
+            if got.outcome == "all_processed":
+                return AllProcessed()
+            stored = self._take_response(join_set_id)
+            if stored is None:
+                raise self._nondeterminism(f"join_next_try at version {version} found no response")
+            return self._answer(js, stored)
+        if self._unprocessed(js) == 0:
+            self._record(ev.JoinNextTry(join_set_id, "all_processed"))
+            return AllProcessed()
+        stored = self._take_response(join_set_id)
+        if stored is None:
+            self._fetch_responses(0)
+            stored = self._take_response(join_set_id)
+        if stored is None:
+            self._record(ev.JoinNextTry(join_set_id, "pending"))
+            return Pending()
+        self._record(ev.JoinNextTry(join_set_id, "found"))
+        return self._answer(js, stored)
+
+    def join_set_close(self, join_set_id: str) -> None:
+        """Close: cancel what may be cancelled, await the rest (SPEC §7.3)."""
+        self._check()
+        js = self.join_sets.get(join_set_id)
+        if js is None:
+            raise WorkflowCallError(f"unknown join set {join_set_id}")
+        if js.closed:
+            return
+        js.closed = True
+        if self._unprocessed(js) > 0 and not self.replaying:
+            # Reverse submission order; cancelling twice on a later replay is harmless.
+            for member in reversed([m for m in js.members if m not in js.processed]):
+                self._cancel_member(member, js)
+        while self._unprocessed(js) > 0:
+            self.join_next(js.id, None, closing=True)
+
+    def _cancel_member(self, member: str, js: _JoinSet) -> None:
+        now = self.clock.now()
+        try:
+            if js.member_ffqn.get(member) is None:
+                self.flush()
+                self._sync(
+                    self.storage.append_response(
+                        self.execution_id, ev.DelayFinished(member, js.id, "cancelled"), now
+                    )
+                )
+            else:
+                ffqn = js.member_ffqn[member] or ""
+                if ffqn.rsplit(".", 1)[-1].endswith("-cancellable") or not self._is_workflow(ffqn):
+                    self.flush()
+                    self._sync(self.storage.request_cancellation(member, now))
+        except (Conflict, StorageError):
+            pass  # already finished or already answered: fine
+
+    def _is_workflow(self, ffqn: str) -> bool:
+        try:
+            info, _ = self.registry.function(ffqn)
+        except UnknownFunction:
+            return False
+        return info.component_type.startswith("workflow")
+
+    def close_all(self) -> None:
+        """Implicit close of every open join set when the function returns or traps."""
+        for js_id in reversed(list(self.join_sets)):
+            js = self.join_sets[js_id]
+            if not js.closed or self._unprocessed(js) > 0:
+                js.closed = False
+                self.join_set_close(js_id)
+
+    def get_result(self, child_execution_id: str) -> dict[str, Any]:
+        result = self._results.get(child_execution_id)
+        if result is None:
+            raise WorkflowCallError(
+                f"no processed response for {child_execution_id}: await it in its join set first"
+            )
+        return result
+
+    # ------------------------------------------------------------------------------
+    # conveniences
+    # ------------------------------------------------------------------------------
+    def call(self, ffqn: str, params: list[Any]) -> dict[str, Any]:
+        function = ffqn.rsplit(".", 1)[-1]
+        js = self._new_join_set("o", function)
+        self.submit(js, ffqn, params)
+        answer = self.join_next(js)
+        self.join_sets[js].closed = True
+        assert isinstance(answer, ChildResponse)
+        return answer.result
+
+    def sleep(self, schedule_at: ScheduleAtArg, name: str | None = None) -> int | None:
+        js = self._new_join_set("o", name or "sleep")
+        delay_id = self._submit_delay(js, schedule_at)
+        answer = self.join_next(js)
+        self.join_sets[js].closed = True
+        assert isinstance(answer, DelayResponse)
+        if answer.outcome == "cancelled":
+            return None
+        return self._delay_expiry_ms(delay_id)
+
+    def schedule(self, ffqn: str, params: list[Any], schedule_at: ScheduleAtArg) -> str:
+        self._check()
+        try:
+            _, component = self.registry.function(ffqn)
+            checked = self.registry.validate_params(ffqn, params)
+        except (UnknownFunction, InvalidParams) as e:
+            raise WorkflowCallError(str(e)) from None
+        new_id = self._generated_id()
+        intent, at = self._schedule_at(schedule_at)
+        want = ev.Schedule(new_id, intent, ffqn)
+        if self._match(want) is None:
+            created = ev.Created(
+                ffqn=ffqn,
+                params=checked,
+                scheduled_at=at,
+                component_id=component.component_id,
+                deployment_id=self.deployment_id,
+                scheduled_by=self.execution_id,
+            )
+            self._record(want, [CreateRequest(new_id, created)])
+        return new_id
+
+    def stub(self, execution_id: str, result: dict[str, Any]) -> None:
+        self._check()
+        try:
+            parsed = ev.result_from_json(result)
+        except ValueError as e:
+            raise WorkflowCallError(f"stub result: {e}") from None
+        digest = result_hash(result)
+        want = ev.Stub(execution_id, digest, "written")
+        recorded = self._match(
+            want,
+            lambda g: (
+                isinstance(g, ev.Stub)
+                and g.target_execution_id == execution_id
+                and g.result_hash == digest
+            ),
+        )
+        if recorded is not None:
+            return
+        self.flush()
+        outcome = "written"
+        try:
+            s = self._sync(self.storage.get_summary(execution_id))
+            if s.result is not None:
+                outcome = "written" if s.result == parsed else "conflict"
+            else:
+                self._sync(
+                    self.storage.append(
+                        execution_id, s.next_version, [ev.Finished(parsed)], self.clock.now()
+                    )
+                )
+        except (Conflict, StorageError) as e:
+            raise WorkflowCallError(f"cannot stub {execution_id}: {e}") from None
+        self._record(ev.Stub(execution_id, digest, outcome))  # type: ignore[arg-type]
+        if outcome == "conflict":
+            raise WorkflowCallError(f"execution {execution_id} already has another result")
+
+    # ------------------------------------------------------------------------------
+    # not history
+    # ------------------------------------------------------------------------------
+    def log(self, level: str, message: str) -> None:
+        if level not in ("trace", "debug", "info", "warn", "error"):
+            level = "info"
+        self.logs.append(LogLine(level, message))  # type: ignore[arg-type]
+
+    def set_stack(self, frames: list[Frame]) -> None:
+        self.stack = frames
+
+    def function_exists(self, ffqn: str) -> bool:
+        return ffqn in self.registry.functions
+
+    def interfaces(self) -> dict[str, dict[str, FunctionShape]]:
+        return registry_interfaces(self.registry)
+
+    # ------------------------------------------------------------------------------
+    # end of run
+    # ------------------------------------------------------------------------------
+    def leftover_history(self) -> str | None:
+        if self.cursor < len(self.history):
+            version, got = self.history[self.cursor]
+            return f"the function returned, but the log continues at version {version} with {_describe(got)}"
+        return None
+
+
+def registry_interfaces(registry: Registry) -> dict[str, dict[str, FunctionShape]]:
+    out: dict[str, dict[str, FunctionShape]] = {}
+    for ffqn, (info, _) in registry.functions.items():
+        ifc, _, fn = ffqn.rpartition(".")
+        out.setdefault(ifc, {})[fn] = FunctionShape(
+            ffqn, tuple(p.name for p in info.params), info.component_type.startswith("workflow")
+        )
+    return out
+
+
+def _describe(h: ev.HistoryEventKind) -> str:
+    match h:
+        case ev.JoinSetCreate(join_set_id=js):
+            return f"join_set_create({js})"
+        case ev.JoinSetRequest(join_set_id=js, request=ev.ChildExecutionRequest() as r):
+            return f"submit({js}, {r.child_execution_id}, {r.target_ffqn}, {json.dumps(r.params)})"
+        case ev.JoinSetRequest(join_set_id=js, request=ev.DelayRequest() as d):
+            return f"delay({js}, {d.delay_id}, {ev.to_builtins(d.schedule_at)})"
+        case ev.JoinNext(join_set_id=js, requested_ffqn=f, closing=c):
+            return f"join_next({js}{', ' + f if f else ''}{', closing' if c else ''})"
+        case ev.JoinNextTry(join_set_id=js):
+            return f"join_next_try({js})"
+        case ev.JoinNextTooMany(join_set_id=js):
+            return f"join_next_too_many({js})"
+        case ev.Persist(kind=k):
+            return f"persist({k.__struct_config__.tag})"
+        case ev.Schedule(execution_id=e, target_ffqn=f):
+            return f"schedule({f}, {e})"
+        case ev.Stub(target_execution_id=t):
+            return f"stub({t})"
+    return repr(h)

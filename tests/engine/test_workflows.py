@@ -1,0 +1,159 @@
+"""JS workflows end to end on a real engine: the seed examples, replay, sleep, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.core import events as ev
+from engine.core.state import replay_stored
+from tests.engine.conftest import StartEngine
+
+STEP_JS = """
+export default function step(idx, sleepMillis) { return idx; }
+"""
+
+SERIAL_JS = """
+// myapp:demo/workflow.serial: func() -> result<string, string>
+import { step } from "myapp:demo/activity";
+
+export default function serial() {
+  let acc = 0;
+  for (let i = 0; i < 10; i++) {
+    // Pauses the workflow, submits the activity and waits for its result.
+    acc += Number(step(i, 200));
+  }
+  return String(acc);
+}
+"""
+
+PARALLEL_JS = """
+// myapp:demo/workflow.parallel: func() -> result<string, string>
+import { stepSubmit, stepAwaitNext } from "myapp:demo-obelisk-ext/activity";
+import * as obelisk from "obelisk:workflow@1.0.0";
+
+export default function parallel() {
+  const js = obelisk.createJoinSet();
+  for (let i = 0; i < 10; i++) {
+    stepSubmit(js, i, 200); // does not block
+  }
+  let acc = 0;
+  for (let i = 0; i < 10; i++) {
+    acc += Number(stepAwaitNext(js)); // in completion order
+  }
+  return String(acc);
+}
+"""
+
+SLEEP_JS = """
+import * as obelisk from "obelisk:workflow@1.0.0";
+export default function sleepy() {
+  const before = Date.now();
+  const woke = obelisk.sleep({ milliseconds: 50 });
+  return String(woke.getTime() - before >= 50);
+}
+"""
+
+FAILING_JS = """
+import { step } from "myapp:demo/activity";
+export default function failing() {
+  try {
+    step(1, 0);
+  } catch (e) {
+    return "caught";
+  }
+  throw new Error("the step did not fail");
+}
+"""
+
+
+def deployment(strategy: str = "await") -> str:
+    sections = """
+    [[activity_js]]
+    name = "step"
+    location = "step.js"
+    ffqn = "myapp:demo/activity.step"
+    params = [{ name = "idx", type = "u32" }, { name = "sleep-millis", type = "u32" }]
+    return_type = "result<u32, string>"
+    exec.tick_sleep.milliseconds = 20
+    """
+    for name in ("serial", "parallel", "sleepy"):
+        sections += f"""
+    [[workflow_js]]
+    name = "{name}"
+    location = "{name}.js"
+    ffqn = "myapp:demo/workflow.{name}"
+    params = []
+    return_type = "result<string, string>"
+    blocking_strategy = "{strategy}"
+    exec.lock_expiry.seconds = 2
+    exec.tick_sleep.milliseconds = 20
+    """
+    return sections
+
+
+FILES = {
+    "step.js": STEP_JS,
+    "serial.js": SERIAL_JS,
+    "parallel.js": PARALLEL_JS,
+    "sleepy.js": SLEEP_JS,
+}
+
+
+async def check_legal(engine, execution_id: str) -> list[ev.StoredEvent]:  # type: ignore[no-untyped-def]
+    events = await engine.storage.get_events(execution_id)
+    responses = await engine.storage.get_responses(execution_id)
+    summary = replay_stored(events, responses)
+    assert summary == await engine.storage.get_summary(execution_id)
+    return events
+
+
+@pytest.mark.parametrize("strategy", ["await", "interrupt"])
+@pytest.mark.parametrize("name", ["serial", "parallel"])
+async def test_seed_examples_return_45(start_engine: StartEngine, strategy: str, name: str) -> None:
+    engine = await start_engine(deployment(strategy), files=FILES)
+    eid = await engine.submit(f"myapp:demo/workflow.{name}", [])
+    result = await engine.result(eid, timeout=30)
+    assert result == ev.ResultOk("45")
+    events = await check_legal(engine, eid)
+    children = [
+        e.event.event.request.child_execution_id
+        for e in events
+        if isinstance(e.event, ev.HistoryEvent)
+        and isinstance(e.event.event, ev.JoinSetRequest)
+        and isinstance(e.event.event.request, ev.ChildExecutionRequest)
+    ]
+    assert len(children) == len(set(children)) == 10
+    for child in children:
+        assert (await engine.storage.get_row(child)).parent_id == eid
+
+
+async def test_sleep_is_persistent_and_date_is_deterministic(start_engine: StartEngine) -> None:
+    engine = await start_engine(deployment(), files=FILES)
+    eid = await engine.submit("myapp:demo/workflow.sleepy", [])
+    assert await engine.result(eid, timeout=30) == ev.ResultOk("true")
+    await check_legal(engine, eid)
+
+
+async def test_child_error_can_be_caught(start_engine: StartEngine) -> None:
+    files = dict(
+        FILES,
+        **{
+            "failing.js": FAILING_JS,
+            "step.js": "export default function step(i) { throw 'permanent-failure'; }",
+        },
+    )
+    toml = (
+        deployment()
+        + """
+    [[workflow_js]]
+    name = "failing"
+    location = "failing.js"
+    ffqn = "myapp:demo/workflow.failing"
+    params = []
+    return_type = "result<string, string>"
+    exec.tick_sleep.milliseconds = 20
+    """
+    )
+    engine = await start_engine(toml, files=files)
+    eid = await engine.submit("myapp:demo/workflow.failing", [])
+    assert await engine.result(eid, timeout=30) == ev.ResultOk("caught")
