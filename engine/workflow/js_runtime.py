@@ -1,0 +1,1525 @@
+"""The `workflow_js` runtime: run one export of an ES module deterministically against a
+`WorkflowHost` (SPEC §7.4).
+
+Every `run()` gets a brand-new QuickJS sandbox (quickjs-rs, the same engine as
+`activity_js`), loads the module, calls the export with the params as positional
+arguments and maps what happens to a `WorkflowOutcome`. `run()` is synchronous and meant
+for a worker thread: every host call the guest makes is a plain synchronous call of the
+`WorkflowHost` on that thread, which may block it for as long as the host likes (waiting
+for a child): no wall-clock timeout runs while the host is working.
+
+JS-visible API
+==============
+
+Imports (ES modules resolved from `WorkflowHost.interfaces()`, kebab-case function
+names become camelCase; params are passed to the host as a JSON array in declared
+order, missing trailing arguments as `null`, extra arguments are a `TypeError`):
+
+* `ns:pkg/ifc` — `f(...args)`: a direct call (`host.call`). Returns the child's ok
+  value; throws `ChildExecutionError` when the child returned err (`.value` = the err
+  value) or ended in an execution failure (`.value = "execution-failed"`,
+  `.failureKind` = the failure kind, `.reason`, `.detail`).
+* `ns:pkg-obelisk-ext/ifc` — `fSubmit(joinSet, ...args)` → child execution id (`joinSet`
+  is a join set object or its id); `fAwaitNext(joinSet)` → the ok value of the next
+  response (`joinSet.lastId` is then its id); throws `ChildExecutionError` as above, or
+  `AwaitNextError` with `.value = "all-processed"` when nothing is left to await, or
+  `.value = {"function-mismatch": {specified_function, actual_function, actual_id}}`
+  when the next response belongs to another function or is a delay (it is consumed);
+  `fGet(executionId)` → the ok value of an already processed child (`host.get_result`),
+  throwing `ChildExecutionError` for err/failure.
+* `ns:pkg-obelisk-schedule/ifc` — `fSchedule(scheduleAt, ...args)` → the id of a new
+  top-level execution.
+* `ns:pkg-obelisk-stub/ifc` — `fStub(executionId, {ok: v} | {err: v})` → `undefined`.
+* `obelisk:workflow@1.0.0` — the host API below as named exports (and as the default
+  export); the same object is the global `obelisk`.
+* `obelisk:log/log@1.0.0` — `trace/debug/info/warn/error(message)`.
+
+A versioned interface key (`ns:pkg/ifc@1.0.0`) may also be imported without its version
+when that is unambiguous. Any other import (relative files, unknown interfaces or
+functions) is a `JsWorkflowLoadError` naming the import, the file and the line.
+
+`obelisk` (global, frozen):
+
+| JS | returns |
+|---|---|
+| `createJoinSet()` / `createJoinSet({name})` | a `JoinSet` (generated `g:N` / named `n:name`) |
+| `sleep(scheduleAt, name?)` | the wake-up time as a `Date`; a cancelled sleep throws `ChildExecutionError` (`message "Sleep was cancelled"`, `.cancelled = true`, `.failureKind = "cancelled"`, `.value = undefined`) |
+| `call(ffqn, params = [])` | like a direct call |
+| `schedule(ffqn, params = [], scheduleAt = "now")` | execution id |
+| `stub(executionId, {ok: v} \\| {err: v})` | `undefined` |
+| `getResult(executionId)` | the ok value of a processed child (throws like `fGet`) |
+| `randomU64(min, maxExclusive)`, `randomU64Inclusive(min, maxInclusive)` | a `number` (bounds must be safe integers ≥ 0), or a `BigInt` when either bound is a `BigInt` (full u64 range) |
+| `randomString(minLen, maxLenExclusive)` | an alphanumeric string |
+| `executionIdCurrent()`, `executionIdGenerate()` | execution ids (strings) |
+| `ChildExecutionError` (alias `ChildError`), `AwaitNextError` | error classes |
+
+`ChildExecutionError` has `.value`, `.childId` (undefined for direct calls and sleep),
+`.ffqn`, `.failureKind` (undefined for a plain err), `.cancelled`, `.reason`, `.detail`.
+
+`JoinSet` objects: `id` and `lastId` (read-only; `lastId` is the id of the last response
+processed from this join set, `null` before), `submit(ffqn, params = [])` → child id,
+`submitDelay(scheduleAt)` → delay id, `close()`, and
+
+* `joinNext()` → `{type: "child", id, ffqn, value}` for an ok child (an err / failed
+  child throws `ChildExecutionError` with `.childId`), `{type: "delay", id, cancelled}`,
+  or `{type: "allProcessed"}` when nothing is left to await;
+* `joinNextTry()` → the same, or `{type: "pending"}` when requests are outstanding but
+  no response has arrived.
+
+A *duration* is an object with one or more of `milliseconds`, `seconds`, `minutes`,
+`hours`, `days` (non-negative numbers, summed and rounded to whole milliseconds). A
+*scheduleAt* is a duration (from now), `{at: Date | unix-ms | ISO string}`, or `"now"`.
+
+Determinism
+-----------
+`Date.now()`, `new Date()` and `Date()` read `host.now_ms()` (other `Date` constructor
+forms are untouched); `Math.random()` is a xoshiro128** PRNG seeded from a SHA-256 of
+`host.execution_id` (not recorded: replay reproduces it). There is no `process`,
+`fetch`, `setTimeout`, `performance` or filesystem. `console.log/info/warn/error/
+debug/trace` → `host.log(level, message)` (`log` → `info`).
+
+Results
+-------
+return → `WfOk(value)` (through `JSON.stringify`: `undefined` → None, `BigInt` → int);
+throw → `WfErr(value)`: a `ChildExecutionError` / `AwaitNextError` → its `.value`, an
+`Error` → its message, anything else → the value as JSON. Misuse of the host API (a
+`WorkflowCallError` from the host, or a bad argument caught by the runtime, e.g. an
+invalid duration) throws a JS `TypeError`/`Error` that the guest may catch; uncaught it
+ends the run with `WfTrap(reason=message, detail=JS stack)`, as do engine errors (out of
+memory, stack overflow, a module that fails to load at run time, a promise that never
+settles).
+
+Stopping
+--------
+* A `RunAborted` raised by any host method makes that JS call throw, makes every later
+  host call throw without reaching the host, and arms the QuickJS interrupt handler
+  (an uncatchable interrupt at the next poll, within a few ms): the outcome is
+  `WfAborted()` whatever the guest does.
+* `runner.interrupt(execution_id=None)` (from any thread) does the same for the runs of
+  this runner in progress (all of them, or that execution's); a guest spinning in a
+  loop without host calls is stopped within a few ms.
+* `run(..., spin_timeout=s)`: the guest may compute for at most `s` seconds at a stretch
+  (measured from the start and from the return of each host call; time spent inside
+  host calls never counts) → `WfTimedOut()`.
+* An unexpected exception from the host (a bug: anything but `RunAborted` and
+  `WorkflowCallError`) stops the guest and is re-raised by `run()`.
+
+Backtraces
+----------
+Before every host call that may write history (everything except `log` and
+`get_result`) the runtime calls `host.set_stack(frames)` with the JS stack, innermost
+first, keeping only frames of the workflow's own file.
+
+Note on quickjs-rs internals: like `activity_js`, the runtime installs its own
+interrupt handler and a linear-memory limit through private attributes of quickjs-rs
+0.2.6 (`Runtime._engine_rt`, `Context._engine_ctx._inst.store`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import wasmtime
+from quickjs_rs import (
+    DeadlockError,
+    InterruptError,
+    JSError,
+    MemoryLimitError,
+    QuickJSError,
+    Runtime,
+)
+
+from engine.workers.js_activity import (
+    DEFAULT_MEMORY_LIMIT,
+    _parse_json_result,
+    _run_coroutine,
+    _trap_reason,
+    warm_up,
+)
+from engine.workflow.host_api import (
+    AllProcessed,
+    ChildResponse,
+    DelayResponse,
+    Frame,
+    FunctionMismatch,
+    FunctionShape,
+    Pending,
+    RunAborted,
+    ScheduleAtArg,
+    WorkflowCallError,
+    WorkflowHost,
+)
+
+__all__ = [
+    "DEFAULT_LOAD_TIMEOUT",
+    "JsWorkflowLoadError",
+    "JsWorkflowRunner",
+    "WfAborted",
+    "WfErr",
+    "WfOk",
+    "WfTimedOut",
+    "WfTrap",
+    "WorkflowOutcome",
+    "camel_case",
+    "parse_js_stack",
+    "warm_up",
+]
+
+DEFAULT_LOAD_TIMEOUT = 5.0
+"""Seconds the module's top-level code may compute during `check()`."""
+
+_MIN_MEMORY_LIMIT = 4 * 1024 * 1024
+_FOREVER = 10.0 * 365 * 24 * 3600
+_LOAD_MODULE = "<obelisk:load>"
+_INTERNAL_MODULE = "obelisk:internal"
+_WORKFLOW_MODULE = "obelisk:workflow@1.0.0"
+_LOG_MODULE = "obelisk:log/log@1.0.0"
+_LOG_LEVELS = frozenset({"trace", "debug", "info", "warn", "error"})
+_EXT_SUFFIXES = ("-obelisk-ext", "-obelisk-schedule", "-obelisk-stub")
+_API_NAMES = (
+    "createJoinSet",
+    "sleep",
+    "call",
+    "schedule",
+    "stub",
+    "getResult",
+    "randomU64",
+    "randomU64Inclusive",
+    "randomString",
+    "executionIdCurrent",
+    "executionIdGenerate",
+    "ChildExecutionError",
+    "ChildError",
+    "AwaitNextError",
+)
+
+
+# ---------------------------------------------------------------------------
+# Outcomes
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WfOk:
+    """The function returned; `value` is JSON (None for `undefined`)."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class WfErr:
+    """The function threw; `value` is the err value (see the module docstring)."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class WfTrap:
+    """Misuse of the host API, or an engine failure: `execution_failure{uncategorized}`."""
+
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WfAborted:
+    """The host raised `RunAborted`, or `interrupt()` was called: discard the run."""
+
+
+@dataclass(frozen=True, slots=True)
+class WfTimedOut:
+    """The guest computed longer than `spin_timeout` without a host call."""
+
+
+WorkflowOutcome = WfOk | WfErr | WfTrap | WfAborted | WfTimedOut
+
+
+class JsWorkflowLoadError(Exception):
+    """The module does not load (syntax, unknown import, top-level throw), or the export
+    is missing or not a function. The message names the file (and line where known)."""
+
+    def __init__(self, message: str, *, filename: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.filename = filename
+        self.line = line
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+
+def camel_case(name: str) -> str:
+    """WIT kebab-case → JS camelCase: `sleep-millis` → `sleepMillis`."""
+    parts = [p for p in name.lstrip("%").split("-") if p]
+    if not parts:
+        return name
+    return parts[0] + "".join(p[:1].upper() + p[1:] for p in parts[1:])
+
+
+_FRAME = re.compile(r"^\s*at (?:(.*?) \()?(.+):(\d+):(\d+)\)?\s*$")
+
+
+def parse_js_stack(stack: str, filename: str | None = None) -> list[Frame]:
+    """QuickJS `Error.stack` text → frames, innermost first. With `filename`, only the
+    frames of that file are kept."""
+    frames: list[Frame] = []
+    for text in stack.splitlines():
+        m = _FRAME.match(text)
+        if m is None:
+            continue
+        file = m.group(2)
+        if filename is not None and file != filename:
+            continue
+        function = m.group(1) or ""
+        if function == "<anonymous>":
+            function = ""
+        frames.append(Frame(file, int(m.group(3)), int(m.group(4)), function))
+    return frames
+
+
+def _seed(execution_id: str) -> list[int]:
+    digest = hashlib.sha256(b"obelisk:math-random:" + execution_id.encode()).digest()
+    words = [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 16, 4)]
+    if not any(words):  # xoshiro must not start from all zeros
+        words[0] = 1
+    return words
+
+
+def _split_interface(key: str) -> tuple[str, str, str] | None:
+    """`ns:pkg/ifc@v` → (`ns:pkg`, `ifc`, `@v`)."""
+    m = re.fullmatch(r"([^:/@\s]+:[^:/@\s]+)/([^/@\s]+)(@[^\s]+)?", key)
+    if m is None:
+        return None
+    return m.group(1), m.group(2), m.group(3) or ""
+
+
+@dataclass(frozen=True, slots=True)
+class _VirtualModule:
+    kind: str  # "direct" | "ext" | "schedule" | "stub"
+    interface: str
+    functions: tuple[tuple[str, FunctionShape], ...]  # (wit name, shape)
+
+
+def _module_table(
+    interfaces: Mapping[str, Mapping[str, FunctionShape]],
+) -> dict[str, _VirtualModule]:
+    table: dict[str, _VirtualModule] = {}
+    unversioned: dict[str, list[str]] = {}
+    for key in sorted(interfaces):
+        split = _split_interface(key)
+        if split is None:
+            continue
+        pkg, ifc, version = split
+        functions = tuple(sorted(interfaces[key].items()))
+        names = {
+            "direct": key,
+            "ext": f"{pkg}-obelisk-ext/{ifc}{version}",
+            "schedule": f"{pkg}-obelisk-schedule/{ifc}{version}",
+            "stub": f"{pkg}-obelisk-stub/{ifc}{version}",
+        }
+        for kind, name in names.items():
+            table[name] = _VirtualModule(kind, key, functions)
+            if version:
+                unversioned.setdefault(name[: -len(version)], []).append(name)
+    for alias, targets in unversioned.items():
+        if alias not in table and len(targets) == 1:
+            table[alias] = table[targets[0]]
+    return table
+
+
+def _module_source(module: _VirtualModule) -> str:
+    out = ['import I from "obelisk:internal";']
+    exported: set[str] = set()
+    for index, (wit_name, shape) in enumerate(module.functions):
+        base = camel_case(wit_name)
+        ffqn = json.dumps(shape.ffqn)
+        params = json.dumps(list(shape.param_names))
+        entries: list[tuple[str, str]]
+        if module.kind == "direct":
+            entries = [(base, f"I.direct({ffqn}, {params}, {json.dumps(base)})")]
+        elif module.kind == "ext":
+            entries = [
+                (f"{base}Submit", f"I.submitFn({ffqn}, {params}, {json.dumps(base + 'Submit')})"),
+                (f"{base}AwaitNext", f"I.awaitNextFn({ffqn}, {json.dumps(base + 'AwaitNext')})"),
+                (f"{base}Get", f"I.getFn({ffqn}, {json.dumps(base + 'Get')})"),
+            ]
+        elif module.kind == "schedule":
+            name = base + "Schedule"
+            entries = [(name, f"I.scheduleFn({ffqn}, {params}, {json.dumps(name)})")]
+        else:
+            name = base + "Stub"
+            entries = [(name, f"I.stubFn({ffqn}, {json.dumps(name)})")]
+        for n, (export, expr) in enumerate(entries):
+            if export in exported:
+                continue
+            exported.add(export)
+            local = f"f{index}_{n}"
+            out.append(f"const {local} = {expr};")
+            out.append(f"export {{ {local} as {export} }};")
+    return "\n".join(out) + "\n"
+
+
+_WORKFLOW_MODULE_SOURCE = (
+    'import I from "obelisk:internal";\n'
+    "const api = I.api;\n"
+    + "".join(f"export const {n} = api.{n};\n" for n in _API_NAMES)
+    + "export default api;\n"
+)
+
+_LOG_MODULE_SOURCE = 'import I from "obelisk:internal";\n' + "".join(
+    f'export const {lvl} = I.logFn("{lvl}");\n' for lvl in sorted(_LOG_LEVELS)
+)
+
+_INTERNAL_MODULE_SOURCE = (
+    "const I = globalThis.__obelisk_internal;\n"
+    "delete globalThis.__obelisk_internal;\n"
+    "export default I;\n"
+)
+
+_LOAD_SNIPPET = (
+    'import "obelisk:internal";\n'
+    "import * as m from {spec};\n"
+    "Object.defineProperty(globalThis, '__obelisk_module', {{value: m, enumerable: false}});\n"
+)
+
+
+# ---------------------------------------------------------------------------
+# JS prelude (a script evaluated in every fresh context before the module)
+# ---------------------------------------------------------------------------
+
+_PRELUDE = r"""
+(() => {
+"use strict";
+const G = globalThis;
+const rawHost = G.__obelisk_host;
+delete G.__obelisk_host;
+delete G.performance;
+const EXECUTION_ID = __OBELISK_EXECUTION_ID__;
+const SEED = __OBELISK_SEED__;
+const STACK_OPS = new Set(__OBELISK_STACK_OPS__);
+const RealDate = Date;
+const RealError = Error;
+const JSONstringify = JSON.stringify;
+const JSONparse = JSON.parse;
+try { RealError.stackTraceLimit = 64; } catch (_e) { /* not supported */ }
+
+const BIGINT = "\u0000obelisk:bigint:";
+const replacer = (_k, v) => (typeof v === "bigint" ? BIGINT + v.toString() : v);
+const define = (obj, name, value) =>
+  Object.defineProperty(obj, name, { value, writable: true, configurable: true, enumerable: false });
+const MISUSE = Symbol("obelisk.misuse");
+
+function fmt(a) {
+  if (typeof a === "string") return a;
+  if (a instanceof RealError) {
+    const head = `${a.name}: ${a.message}`;
+    const stack = typeof a.stack === "string" ? a.stack.replace(/\n+$/, "") : "";
+    return stack ? `${head}\n${stack}` : head;
+  }
+  if (typeof a === "function") return `[Function: ${a.name || "anonymous"}]`;
+  if (typeof a === "bigint") return `${a}n`;
+  if (a !== null && typeof a === "object") {
+    try {
+      const s = JSONstringify(a, (_k, v) => (typeof v === "bigint" ? v.toString() : v));
+      return s === undefined ? String(a) : s;
+    } catch (_e) {
+      return String(a);
+    }
+  }
+  return String(a);
+}
+
+function misuse(message, Ctor) {
+  const e = new (Ctor || TypeError)(message);
+  Object.defineProperty(e, MISUSE, { value: true });
+  return e;
+}
+
+function host(op, args) {
+  const stack = STACK_OPS.has(op) ? new RealError().stack : "";
+  const r = JSONparse(rawHost(JSONstringify([op, args, stack], replacer)));
+  if (r.e !== undefined) throw misuse(r.e, r.t === "TypeError" ? TypeError : RealError);
+  return r.v;
+}
+
+// -- console --------------------------------------------------------------------------
+const logger = (level) => (...args) => { host("log", [level, args.map(fmt).join(" ")]); };
+define(G, "console", Object.freeze({
+  log: logger("info"),
+  info: logger("info"),
+  warn: logger("warn"),
+  error: logger("error"),
+  debug: logger("debug"),
+  trace: logger("trace"),
+}));
+
+// -- determinism --------------------------------------------------------------------------
+const now = () => host("now", []);
+function DetDate(...args) {
+  if (new.target === undefined) return new RealDate(now()).toString();
+  return Reflect.construct(RealDate, args.length === 0 ? [now()] : args, new.target);
+}
+DetDate.prototype = RealDate.prototype;
+define(RealDate.prototype, "constructor", DetDate);
+define(DetDate, "now", now);
+define(DetDate, "parse", RealDate.parse);
+define(DetDate, "UTC", RealDate.UTC);
+Object.defineProperty(DetDate, "name", { value: "Date" });
+Object.defineProperty(DetDate, "length", { value: 7 });
+define(G, "Date", DetDate);
+
+let s0 = SEED[0] | 0, s1 = SEED[1] | 0, s2 = SEED[2] | 0, s3 = SEED[3] | 0;
+const rotl = (x, k) => (x << k) | (x >>> (32 - k));
+function nextU32() {
+  const result = Math.imul(rotl(Math.imul(s1, 5), 7), 9) >>> 0;
+  const t = s1 << 9;
+  s2 ^= s0; s3 ^= s1; s1 ^= s2; s0 ^= s3; s2 ^= t; s3 = rotl(s3, 11);
+  return result;
+}
+define(Math, "random", function random() {
+  return ((nextU32() >>> 5) * 67108864 + (nextU32() >>> 6)) / 9007199254740992;
+});
+
+// -- errors -----------------------------------------------------------------------------
+class ChildExecutionError extends RealError {
+  constructor(message, value, info) {
+    super(message);
+    info = info || {};
+    define(this, "name", "ChildExecutionError");
+    this.value = value;
+    this.childId = info.childId;
+    this.ffqn = info.ffqn;
+    this.failureKind = info.failureKind;
+    this.cancelled = info.failureKind === "cancelled";
+    this.reason = info.reason;
+    this.detail = info.detail;
+  }
+}
+class AwaitNextError extends RealError {
+  constructor(message, value) {
+    super(message);
+    define(this, "name", "AwaitNextError");
+    this.value = value;
+  }
+}
+
+function unwrap(result, childId, ffqn) {
+  if (result !== null && typeof result === "object") {
+    if ("ok" in result) return result.ok;
+    const what = `child execution ${childId === undefined ? "" : childId + " "}(${ffqn || "?"})`;
+    if ("err" in result) {
+      throw new ChildExecutionError(`${what} returned err: ${fmt(result.err)}`, result.err, { childId, ffqn });
+    }
+    const f = result.execution_failure;
+    if (f !== null && typeof f === "object") {
+      throw new ChildExecutionError(
+        `${what} failed: ${f.kind}${f.reason ? ": " + f.reason : ""}`, "execution-failed",
+        { childId, ffqn, failureKind: f.kind, reason: f.reason, detail: f.detail });
+    }
+  }
+  throw misuse(`unexpected child result ${fmt(result)}`, RealError);
+}
+
+// -- argument checks ----------------------------------------------------------------------
+const UNITS = { milliseconds: 1, seconds: 1000, minutes: 60000, hours: 3600000, days: 86400000 };
+
+function durationMs(d, what) {
+  if (d === null || typeof d !== "object" || Array.isArray(d)) {
+    throw misuse(`${what}: expected a duration like {seconds: 5}, got ${fmt(d)}`);
+  }
+  const keys = Object.keys(d);
+  if (keys.length === 0) throw misuse(`${what}: empty duration (use milliseconds, seconds, minutes, hours or days)`);
+  let total = 0;
+  for (const k of keys) {
+    const unit = UNITS[k];
+    if (unit === undefined || !Object.prototype.hasOwnProperty.call(UNITS, k)) {
+      throw misuse(`${what}: unknown duration unit '${k}' (use milliseconds, seconds, minutes, hours or days)`);
+    }
+    const v = typeof d[k] === "bigint" ? Number(d[k]) : d[k];
+    if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
+      throw misuse(`${what}: duration ${k} must be a non-negative number, got ${fmt(d[k])}`);
+    }
+    total += v * unit;
+  }
+  return Math.round(total);
+}
+
+function scheduleAt(x, what) {
+  if (x === "now") return "now";
+  if (x !== null && typeof x === "object" && !Array.isArray(x) && "at" in x) {
+    const at = x.at;
+    let ms = NaN;
+    if (at instanceof RealDate) ms = at.getTime();
+    else if (typeof at === "number") ms = at;
+    else if (typeof at === "string") ms = RealDate.parse(at);
+    if (!Number.isFinite(ms)) throw misuse(`${what}: {at} must be a Date, unix milliseconds or an ISO string, got ${fmt(at)}`);
+    return ["at", Math.round(ms)];
+  }
+  if (x !== null && typeof x === "object" && !Array.isArray(x)) return ["in", durationMs(x, what)];
+  throw misuse(`${what}: expected a duration like {minutes: 5}, {at: Date} or "now", got ${fmt(x)}`);
+}
+
+function str(x, what) {
+  if (typeof x !== "string") throw misuse(`${what} must be a string, got ${fmt(x)}`);
+  return x;
+}
+
+function paramsArray(p, what) {
+  if (p === undefined) return [];
+  if (!Array.isArray(p)) throw misuse(`${what}: params must be an array, got ${fmt(p)}`);
+  return p;
+}
+
+function positional(args, names, what) {
+  if (args.length > names.length) {
+    throw misuse(`${what} takes ${names.length} argument(s) (${names.join(", ")}), got ${args.length}`);
+  }
+  const out = [];
+  for (let i = 0; i < names.length; i++) out.push(i < args.length && args[i] !== undefined ? args[i] : null);
+  return out;
+}
+
+function u64(x, what, exclusive) {
+  if (typeof x === "bigint") {
+    const limit = exclusive ? 18446744073709551616n : 18446744073709551615n;
+    if (x < 0n || x > limit) throw misuse(`${what} must be in the u64 range, got ${x}`, RangeError);
+    return x;
+  }
+  if (typeof x === "number" && Number.isSafeInteger(x) && x >= 0) return BigInt(x);
+  throw misuse(`${what} must be a non-negative safe integer or a BigInt, got ${fmt(x)}`);
+}
+
+function u16(x, what) {
+  if (typeof x === "number" && Number.isInteger(x) && x >= 0 && x <= 65535) return x;
+  throw misuse(`${what} must be an integer between 0 and 65535, got ${fmt(x)}`);
+}
+
+// -- join sets ----------------------------------------------------------------------------
+const TOKEN = Symbol("obelisk.joinSet");
+const lastIds = new Map();
+const setLast = (jsId, id) => { lastIds.set(jsId, id); };
+
+function response(jsId, r) {
+  switch (r.kind) {
+    case "child":
+      setLast(jsId, r.id);
+      return { type: "child", id: r.id, ffqn: r.ffqn, value: unwrap(r.result, r.id, r.ffqn) };
+    case "delay":
+      setLast(jsId, r.id);
+      return { type: "delay", id: r.id, cancelled: r.cancelled };
+    case "all_processed":
+      return { type: "allProcessed" };
+    case "pending":
+      return { type: "pending" };
+  }
+  throw misuse(`unexpected join-next answer ${fmt(r)}`, RealError);
+}
+
+class JoinSet {
+  #id;
+  constructor(token, id) {
+    if (token !== TOKEN) throw misuse("use obelisk.createJoinSet() to create a join set");
+    this.#id = id;
+    lastIds.set(id, null);
+  }
+  get id() { return this.#id; }
+  get lastId() { const v = lastIds.get(this.#id); return v === undefined ? null : v; }
+  submit(ffqn, params) {
+    return host("submit", [this.#id, str(ffqn, "submit: ffqn"), paramsArray(params, "submit")]);
+  }
+  submitDelay(at) { return host("submit_delay", [this.#id, scheduleAt(at, "submitDelay")]); }
+  joinNext() { return response(this.#id, host("join_next", [this.#id, null])); }
+  joinNextTry() { return response(this.#id, host("join_next_try", [this.#id])); }
+  close() { host("js_close", [this.#id]); }
+  toString() { return this.#id; }
+  toJSON() { return this.#id; }
+}
+
+function joinSetId(js, what) {
+  if (js instanceof JoinSet) return js.id;
+  if (typeof js === "string") return js;
+  throw misuse(`${what}: expected a join set (from obelisk.createJoinSet()) or its id, got ${fmt(js)}`);
+}
+
+// -- the host API ---------------------------------------------------------------------------
+const api = {
+  createJoinSet(opts) {
+    let name = null;
+    if (opts !== undefined && opts !== null) {
+      if (typeof opts !== "object") throw misuse(`createJoinSet: expected {name}, got ${fmt(opts)}`);
+      if (opts.name !== undefined && opts.name !== null) name = str(opts.name, "createJoinSet: name");
+    }
+    return new JoinSet(TOKEN, host("js_create", [name]));
+  },
+  sleep(at, name) {
+    const ms = host("sleep", [scheduleAt(at, "sleep"), name === undefined || name === null ? null : str(name, "sleep: name")]);
+    if (ms === null) {
+      throw new ChildExecutionError("Sleep was cancelled", undefined, { failureKind: "cancelled" });
+    }
+    return new RealDate(ms);
+  },
+  call(ffqn, params) {
+    str(ffqn, "call: ffqn");
+    return unwrap(host("call", [ffqn, paramsArray(params, "call")]), undefined, ffqn);
+  },
+  schedule(ffqn, params, at) {
+    str(ffqn, "schedule: ffqn");
+    return host("schedule", [ffqn, paramsArray(params, "schedule"), scheduleAt(at === undefined ? "now" : at, "schedule")]);
+  },
+  stub(executionId, result) {
+    str(executionId, "stub: executionId");
+    if (result === null || typeof result !== "object" || !("ok" in result || "err" in result)) {
+      throw misuse(`stub: the result must be {ok: value} or {err: value}, got ${fmt(result)}`);
+    }
+    host("stub", [executionId, "ok" in result ? { ok: result.ok } : { err: result.err }]);
+  },
+  getResult(executionId) {
+    str(executionId, "getResult: executionId");
+    return unwrap(host("get_result", [executionId]), executionId, undefined);
+  },
+  randomU64(min, maxExclusive) {
+    const big = typeof min === "bigint" || typeof maxExclusive === "bigint";
+    const lo = u64(min, "randomU64: min"), hi = u64(maxExclusive, "randomU64: maxExclusive", true);
+    if (hi <= lo) throw misuse(`randomU64: maxExclusive (${hi}) must be greater than min (${lo})`, RangeError);
+    const s = host("random_u64", [lo, hi - 1n]);
+    return big ? BigInt(s) : Number(s);
+  },
+  randomU64Inclusive(min, maxInclusive) {
+    const big = typeof min === "bigint" || typeof maxInclusive === "bigint";
+    const lo = u64(min, "randomU64Inclusive: min"), hi = u64(maxInclusive, "randomU64Inclusive: maxInclusive");
+    if (hi < lo) throw misuse(`randomU64Inclusive: maxInclusive (${hi}) must not be less than min (${lo})`, RangeError);
+    const s = host("random_u64", [lo, hi]);
+    return big ? BigInt(s) : Number(s);
+  },
+  randomString(minLen, maxLenExclusive) {
+    const lo = u16(minLen, "randomString: minLen"), hi = u16(maxLenExclusive, "randomString: maxLenExclusive");
+    if (hi <= lo) throw misuse(`randomString: maxLenExclusive (${hi}) must be greater than minLen (${lo})`, RangeError);
+    return host("random_string", [lo, hi]);
+  },
+  executionIdCurrent() { return EXECUTION_ID; },
+  executionIdGenerate() { return host("id_generate", []); },
+  ChildExecutionError,
+  ChildError: ChildExecutionError,
+  AwaitNextError,
+};
+Object.freeze(api);
+define(G, "obelisk", api);
+
+// -- generated import modules ------------------------------------------------------------
+const named = (name, fn) => { Object.defineProperty(fn, "name", { value: name }); return fn; };
+const internal = {
+  api,
+  logFn: (level) => (...args) => { host("log", [level, args.map(fmt).join(" ")]); },
+  direct: (ffqn, names, name) => named(name, (...args) =>
+    unwrap(host("call", [ffqn, positional(args, names, name)]), undefined, ffqn)),
+  submitFn: (ffqn, names, name) => named(name, (js, ...args) =>
+    host("submit", [joinSetId(js, name), ffqn, positional(args, names, name)])),
+  awaitNextFn: (ffqn, name) => named(name, (js) => {
+    const jsId = joinSetId(js, name);
+    const r = host("join_next", [jsId, ffqn]);
+    switch (r.kind) {
+      case "child":
+        setLast(jsId, r.id);
+        return unwrap(r.result, r.id, r.ffqn);
+      case "all_processed":
+        throw new AwaitNextError(`${name}: all responses of join set ${jsId} were already processed`, "all-processed");
+      case "function_mismatch":
+      case "delay": {
+        setLast(jsId, r.id);
+        const actual = r.kind === "delay" ? null : r.ffqn;
+        throw new AwaitNextError(
+          `${name}: the next response of join set ${jsId} is ${r.id} (${actual === null ? "a delay" : actual}), not ${ffqn}`,
+          { "function-mismatch": { specified_function: ffqn, actual_function: actual, actual_id: r.id } });
+      }
+    }
+    throw misuse(`unexpected join-next answer ${fmt(r)}`, RealError);
+  }),
+  getFn: (ffqn, name) => named(name, (id) =>
+    unwrap(host("get_result", [str(id, `${name}: executionId`)]), id, ffqn)),
+  scheduleFn: (ffqn, names, name) => named(name, (at, ...args) =>
+    host("schedule", [ffqn, positional(args, names, name), scheduleAt(at, name)])),
+  stubFn: (ffqn, name) => named(name, (executionId, result) => {
+    str(executionId, `${name}: executionId`);
+    if (result === null || typeof result !== "object" || !("ok" in result || "err" in result)) {
+      throw misuse(`${name}: the result must be {ok: value} or {err: value}, got ${fmt(result)}`);
+    }
+    host("stub", [executionId, "ok" in result ? { ok: result.ok } : { err: result.err }]);
+  }),
+};
+Object.defineProperty(G, "__obelisk_internal", { value: Object.freeze(internal), configurable: true, enumerable: false });
+
+// -- invoking the export --------------------------------------------------------------------
+const record = (t, v) => {
+  const s = JSONstringify(v === undefined ? null : v, replacer);
+  return s === undefined ? `{"t":"${t}","v":null}` : `{"t":"${t}","v":${s}}`;
+};
+const errRecord = (e) => {
+  if (e instanceof ChildExecutionError || e instanceof AwaitNextError) return record("err", e.value);
+  if (e !== null && typeof e === "object" && e[MISUSE] === true) {
+    return JSONstringify({ t: "trap", reason: String(e.message), detail: typeof e.stack === "string" ? e.stack : "" });
+  }
+  if (e instanceof RealError) {
+    if (e.name === "InternalError") {
+      if (String(e.message) === "out of memory") return JSONstringify({ t: "oom" });
+      return JSONstringify({ t: "trap", reason: `${e.name}: ${e.message}`, detail: typeof e.stack === "string" ? e.stack : "" });
+    }
+    return record("err", String(e.message));
+  }
+  try { return record("err", e); } catch (_e) { return record("err", String(e)); }
+};
+Object.defineProperty(G, "__obelisk_invoke", {
+  value: async (m, name, args) => {
+    const fn = m[name];
+    if (typeof fn !== "function") {
+      return JSONstringify({ t: "trap", reason: `export '${name}' is not a function (it is ${typeof fn})` });
+    }
+    let value;
+    try {
+      value = await fn(...args);
+    } catch (e) {
+      return errRecord(e);
+    }
+    try {
+      return record("ok", value);
+    } catch (e) {
+      return JSONstringify({
+        t: "trap", reason: `the return value is not JSON-serializable: ${e instanceof RealError ? e.message : String(e)}`,
+      });
+    }
+  },
+  writable: false, configurable: false, enumerable: false,
+});
+})();
+"""
+
+#: Host operations that may write history: the JS stack is passed to `set_stack`.
+_STACK_OPS = (
+    "now",
+    "random_u64",
+    "random_string",
+    "id_generate",
+    "js_create",
+    "submit",
+    "submit_delay",
+    "join_next",
+    "join_next_try",
+    "js_close",
+    "call",
+    "sleep",
+    "schedule",
+    "stub",
+)
+
+_ABORT_REPLY = json.dumps({"e": "the workflow run was aborted"})
+
+
+class _BadArgs(Exception):
+    """Malformed arguments reached the host bridge: becomes a JS TypeError."""
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadArgs(f"{what} must be an integer, got {value!r}")
+    return value
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise _BadArgs(f"{what} must be a string, got {value!r}")
+    return value
+
+
+def _opt_str(value: Any, what: str) -> str | None:
+    return None if value is None else _str(value, what)
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _BadArgs(f"{what} must be an array, got {value!r}")
+    return value
+
+
+def _schedule_at(value: Any) -> ScheduleAtArg:
+    if value == "now":
+        return "now"
+    if isinstance(value, list) and len(value) == 2 and value[0] in ("in", "at"):
+        ms = _int(value[1], "schedule-at")
+        return ("in", ms) if value[0] == "in" else ("at", ms)
+    raise _BadArgs(f"bad schedule-at {value!r}")
+
+
+def _answer(answer: Any) -> dict[str, Any]:
+    if isinstance(answer, ChildResponse):
+        return {
+            "kind": "child",
+            "id": answer.execution_id,
+            "ffqn": answer.ffqn,
+            "result": answer.result,
+        }
+    if isinstance(answer, DelayResponse):
+        return {"kind": "delay", "id": answer.delay_id, "cancelled": answer.outcome == "cancelled"}
+    if isinstance(answer, AllProcessed):
+        return {"kind": "all_processed"}
+    if isinstance(answer, Pending):
+        return {"kind": "pending"}
+    if isinstance(answer, FunctionMismatch):
+        return {
+            "kind": "function_mismatch",
+            "id": answer.response.execution_id,
+            "ffqn": answer.response.ffqn,
+            "requested": answer.requested_ffqn,
+        }
+    raise TypeError(f"the host returned an unexpected join-next answer {answer!r}")
+
+
+# ---------------------------------------------------------------------------
+# A faster guest-call path for quickjs-rs (optional)
+# ---------------------------------------------------------------------------
+
+#: Whether runs use `_fast_guest_calls` (tests compare both paths).
+ACCELERATE = True
+
+_VAL_FIELDS = ("i32", "i64", "f32", "f64")
+
+
+def _fast_guest_calls(inst: Any) -> bool:
+    """Replace `inst.c` (quickjs-rs's "call a guest export") by a leaner equivalent.
+
+    Every value that crosses the QuickJS boundary costs several guest calls, and
+    wasmtime-py's generic `Func.__call__` rebuilds the function's type and converts each
+    argument through `Val` objects on every call (~5x the cost of the call itself).
+    This version caches the export's numeric signature and calls `wasmtime_func_call`
+    directly, with the same bookkeeping as the original (`_CUR.inst` for the import
+    trampolines; traps and errors raised the same way, a Python exception from a host
+    callback first). Only numeric signatures are supported, which is all the QuickJS
+    guest exports; on anything unexpected it leaves `inst.c` alone and returns False.
+    Pinned to quickjs-rs 0.2.6 / wasmtime-py 50 (the tests check it is active).
+    """
+    try:
+        import ctypes
+
+        import wasmtime._func as wasmtime_func
+        from quickjs_rs import _engine as qjs_engine
+        from wasmtime import Trap, ValType, WasmtimeError
+        from wasmtime import _ffi as ffi
+
+        kinds = {
+            str(ValType.i32()): 0,
+            str(ValType.i64()): 1,
+            str(ValType.f32()): 2,
+            str(ValType.f64()): 3,
+        }
+        store = inst.store
+        exports = inst._exports
+        cur = qjs_engine._CUR
+        func_call = ffi.wasmtime_func_call
+        val_t = ffi.wasmtime_val_t
+        trap_ptr_t = ctypes.POINTER(ffi.wasm_trap_t)
+        byref = ctypes.byref
+        maybe_raise_last_exn = wasmtime_func.maybe_raise_last_exn
+        cache: dict[str, tuple[Any, tuple[int, ...], int, Any, Any]] = {}
+
+        def signature(name: str) -> tuple[Any, tuple[int, ...], int, Any, Any]:
+            fn = exports[name]
+            ty = fn.type(store)
+            params = tuple(kinds[str(p)] for p in ty.params)
+            results = tuple(kinds[str(r)] for r in ty.results)
+            if len(results) > 1:
+                raise TypeError(f"guest export {name} returns several values")
+            entry = (
+                fn._func,
+                params,
+                results[0] if results else -1,
+                val_t * len(params),
+                val_t * len(results),
+            )
+            cache[name] = entry
+            return entry
+
+        def c(name: str, *args: Any) -> Any:
+            entry = cache.get(name)
+            if entry is None:
+                entry = signature(name)
+            func, param_kinds, result_kind, params_t, results_t = entry
+            if len(args) != len(param_kinds):
+                raise WasmtimeError(
+                    f"{name}: given {len(args)} parameters, expected {len(param_kinds)}"
+                )
+            params = params_t()
+            for i, kind in enumerate(param_kinds):
+                slot = params[i]
+                slot.kind = kind
+                setattr(slot.of, _VAL_FIELDS[kind], args[i])
+            results = results_t()
+            prev = getattr(cur, "inst", None)
+            cur.inst = inst
+            try:
+                trap = trap_ptr_t()
+                error = func_call(
+                    store._context(),
+                    byref(func),
+                    params,
+                    len(param_kinds),
+                    results,
+                    0 if result_kind < 0 else 1,
+                    byref(trap),
+                )
+                if error:
+                    maybe_raise_last_exn()
+                    raise WasmtimeError._from_ptr(error)
+                if trap:
+                    trap_obj = Trap._from_ptr(trap)
+                    maybe_raise_last_exn()
+                    raise trap_obj
+            finally:
+                cur.inst = prev
+            if result_kind < 0:
+                return None
+            return getattr(results[0].of, _VAL_FIELDS[result_kind])
+
+        # Validate the signatures this build relies on before switching over.
+        for name in ("qjs_alloc", "qjs_free", "get_string", "new_string", "eval_code"):
+            signature(name)
+        inst.c = c
+        return True
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------------------
+# One run = one fresh QuickJS runtime + context
+# ---------------------------------------------------------------------------
+
+
+class _Run:
+    def __init__(
+        self,
+        runner: JsWorkflowRunner,
+        host: WorkflowHost | None,
+        interfaces: Mapping[str, Mapping[str, FunctionShape]],
+        execution_id: str,
+        spin_timeout: float | None,
+    ) -> None:
+        self.runner = runner
+        self.host = host
+        self.execution_id = execution_id
+        self.spin_timeout = spin_timeout
+        self.modules = _module_table(interfaces)
+        self.filename = runner.filename
+        # Stop flags: plain attributes, read by the interrupt handler (O(1)).
+        self.stop = False  # interrupt() was called
+        self.aborted = False  # the host raised RunAborted
+        self.timed_out = False
+        self.host_failure: BaseException | None = None
+        self.guest_since = time.monotonic()
+        self.unresolved: list[str] = []
+        self.rt: Any = None
+        self.ctx: Any = None
+        self.accelerated = False
+        self._ops: dict[str, Callable[[list[Any]], Any]] = {
+            "log": self._op_log,
+            "now": lambda _a: self._host().now_ms(),
+            "random_u64": self._op_random_u64,
+            "random_string": self._op_random_string,
+            "id_generate": lambda _a: self._host().execution_id_generate(),
+            "js_create": self._op_js_create,
+            "submit": self._op_submit,
+            "submit_delay": self._op_submit_delay,
+            "join_next": self._op_join_next,
+            "join_next_try": self._op_join_next_try,
+            "js_close": self._op_js_close,
+            "get_result": self._op_get_result,
+            "call": self._op_call,
+            "sleep": self._op_sleep,
+            "schedule": self._op_schedule,
+            "stub": self._op_stub,
+        }
+
+    # -- sandbox --
+
+    def open(self) -> None:
+        runner = self.runner
+        self.rt = Runtime(memory_limit=runner.memory_limit)
+        self.rt.set_module_loader(normalize=self._normalize, load=self._load)
+        self.ctx = self.rt.new_context(timeout=_FOREVER)
+        # No wall-clock timeout: our own handler stops the guest only when told to.
+        self.rt._engine_rt.set_interrupt_handler(self._should_interrupt)
+        inst: Any = self.ctx._engine_ctx._inst
+        inst.store.set_limits(memory_size=runner.memory_limit)
+        self.accelerated = ACCELERATE and _fast_guest_calls(inst)
+        self.ctx.register("__obelisk_host", self._dispatch, is_async=False)
+        prelude = (
+            _PRELUDE.replace("__OBELISK_EXECUTION_ID__", json.dumps(self.execution_id))
+            .replace("__OBELISK_SEED__", json.dumps(_seed(self.execution_id)))
+            .replace("__OBELISK_STACK_OPS__", json.dumps(list(_STACK_OPS)))
+        )
+        self.ctx.eval(prelude, filename="<obelisk:prelude>")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.ctx is not None:
+                self.ctx.close()
+        with contextlib.suppress(Exception):
+            if self.rt is not None:
+                self.rt.close()
+
+    def _should_interrupt(self) -> bool:
+        if self.stop or self.aborted or self.timed_out or self.host_failure is not None:
+            return True
+        limit = self.spin_timeout
+        if limit is not None and time.monotonic() - self.guest_since > limit:
+            self.timed_out = True
+            return True
+        return False
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop or self.aborted or self.timed_out or self.host_failure is not None
+
+    # -- module loader --
+
+    def _normalize(self, base: str, spec: str) -> str | None:
+        if spec == self.filename and base == _LOAD_MODULE:
+            return spec
+        if spec == _LOAD_MODULE:
+            return spec if base != self.filename else None
+        if spec == _INTERNAL_MODULE:
+            return spec if base != self.filename else None
+        if spec in (_WORKFLOW_MODULE, _LOG_MODULE) or spec in self.modules:
+            return spec
+        self.unresolved.append(spec)
+        return None
+
+    def _load(self, name: str) -> str | None:
+        if name == self.filename:
+            return self.runner.source
+        if name == _LOAD_MODULE:
+            return _LOAD_SNIPPET.format(spec=json.dumps(self.filename))
+        if name == _INTERNAL_MODULE:
+            return _INTERNAL_MODULE_SOURCE
+        if name == _WORKFLOW_MODULE:
+            return _WORKFLOW_MODULE_SOURCE
+        if name == _LOG_MODULE:
+            return _LOG_MODULE_SOURCE
+        module = self.modules.get(name)
+        return None if module is None else _module_source(module)
+
+    async def load_module(self) -> None:
+        self.guest_since = time.monotonic()
+        await self.ctx.eval_async(f"import {json.dumps(_LOAD_MODULE)};", module=True)
+
+    async def invoke(self, export: str, params_js: str) -> str:
+        code = f"await __obelisk_invoke(__obelisk_module, {json.dumps(export)}, {params_js})"
+        self.guest_since = time.monotonic()
+        result = await self.ctx.eval_async(code, filename="<obelisk:invoke>")
+        if not isinstance(result, str):
+            raise QuickJSError(f"unexpected invoke result {result!r}")
+        return result
+
+    def export_kind(self, export: str) -> tuple[str, list[str]]:
+        kind, names = self.ctx.eval(
+            f"[typeof __obelisk_module[{json.dumps(export)}], Object.keys(__obelisk_module)]"
+        )
+        return str(kind), [str(n) for n in names]
+
+    # -- the host bridge --
+
+    def _host(self) -> WorkflowHost:
+        if self.host is None:
+            raise WorkflowCallError(
+                "the workflow host API cannot be used while the module is only being checked "
+                "(top-level code runs without a host during validation)"
+            )
+        return self.host
+
+    def _dispatch(self, request: Any) -> str:
+        """The one host function the prelude calls: `[op, args, stack]` as JSON in, a
+        JSON reply `{"v": value}` / `{"e": message, "t"?: "TypeError"}` out. (One string
+        each way: every value crossing the QuickJS boundary costs several WASM calls.)"""
+        try:
+            if self.stopping:
+                return _ABORT_REPLY
+            op, args, stack = _parse_json_result(str(request))
+            handler = self._ops.get(str(op))
+            if handler is None:
+                return json.dumps({"e": f"unknown host operation {op!r}"})
+            if not isinstance(args, list):
+                raise _BadArgs("host arguments must be an array")
+            if stack and self.host is not None and op in _STACK_OPS:
+                self.host.set_stack(parse_js_stack(str(stack), self.filename))
+            value = handler(args)
+            return json.dumps({"v": value}, allow_nan=False)
+        except RunAborted:
+            self.aborted = True
+            return _ABORT_REPLY
+        except WorkflowCallError as e:
+            return json.dumps({"e": str(e) or type(e).__name__})
+        except _BadArgs as e:
+            return json.dumps({"e": str(e), "t": "TypeError"})
+        except BaseException as e:
+            # A bug in the host (or in this bridge): stop the guest, re-raise from run().
+            self.host_failure = e
+            return _ABORT_REPLY
+        finally:
+            self.guest_since = time.monotonic()
+
+    def _op_log(self, a: list[Any]) -> None:
+        level = a[0] if a and a[0] in _LOG_LEVELS else "info"
+        message = str(a[1]) if len(a) > 1 else ""
+        if self.host is not None:
+            self.host.log(level, message)
+
+    def _op_random_u64(self, a: list[Any]) -> str:
+        lo, hi = _int(a[0], "min"), _int(a[1], "max")
+        return str(self._host().random_u64(lo, hi))
+
+    def _op_random_string(self, a: list[Any]) -> str:
+        return self._host().random_string(_int(a[0], "minLen"), _int(a[1], "maxLenExclusive"))
+
+    def _op_js_create(self, a: list[Any]) -> str:
+        return self._host().join_set_create(_opt_str(a[0], "join set name"))
+
+    def _op_submit(self, a: list[Any]) -> str:
+        js, ffqn = _str(a[0], "join set id"), _str(a[1], "ffqn")
+        return self._host().submit(js, ffqn, _list(a[2], "params"))
+
+    def _op_submit_delay(self, a: list[Any]) -> str:
+        return self._host().submit_delay(_str(a[0], "join set id"), _schedule_at(a[1]))
+
+    def _op_join_next(self, a: list[Any]) -> dict[str, Any]:
+        js, ffqn = _str(a[0], "join set id"), _opt_str(a[1], "ffqn")
+        return _answer(self._host().join_next(js, ffqn))
+
+    def _op_join_next_try(self, a: list[Any]) -> dict[str, Any]:
+        return _answer(self._host().join_next_try(_str(a[0], "join set id")))
+
+    def _op_js_close(self, a: list[Any]) -> None:
+        self._host().join_set_close(_str(a[0], "join set id"))
+
+    def _op_get_result(self, a: list[Any]) -> dict[str, Any]:
+        return self._host().get_result(_str(a[0], "execution id"))
+
+    def _op_call(self, a: list[Any]) -> dict[str, Any]:
+        return self._host().call(_str(a[0], "ffqn"), _list(a[1], "params"))
+
+    def _op_sleep(self, a: list[Any]) -> int | None:
+        return self._host().sleep(_schedule_at(a[0]), _opt_str(a[1], "sleep name"))
+
+    def _op_schedule(self, a: list[Any]) -> str:
+        ffqn = _str(a[0], "ffqn")
+        return self._host().schedule(ffqn, _list(a[1], "params"), _schedule_at(a[2]))
+
+    def _op_stub(self, a: list[Any]) -> None:
+        result = a[1]
+        if not isinstance(result, dict):
+            raise _BadArgs(f"stub result must be an object, got {result!r}")
+        self._host().stub(_str(a[0], "execution id"), result)
+
+
+# ---------------------------------------------------------------------------
+# Load-error messages
+# ---------------------------------------------------------------------------
+
+_RESOLVE_ERR = re.compile(r"Error resolving module '(.*)' from '(.*)'")
+_EXPORT_ERR = re.compile(r"Could not find export '(.*)' in module '(.*)'")
+_STACK_POS = re.compile(r":(\d+):(\d+)\)?\s*$")
+
+
+def _line_of(source: str, offset: int) -> int:
+    return source.count("\n", 0, offset) + 1
+
+
+def _import_line(source: str, module: str, name: str | None = None) -> int | None:
+    """The line of the import of `name` (or of the module specifier) from `module`."""
+    quoted = r"(?P<q>['\"])" + re.escape(module) + r"(?P=q)"
+    first: int | None = None
+    for m in re.finditer(r"\bimport\b(?P<clause>[^;'\"]*?)\bfrom\s*" + quoted, source):
+        if first is None:
+            first = _line_of(source, m.start("q"))
+        if name is not None:
+            hit = re.search(r"(?<![\w$])" + re.escape(name) + r"(?![\w$])", m.group("clause"))
+            if hit is not None:
+                return _line_of(source, m.start("clause") + hit.start())
+    if first is not None:
+        return first
+    m2 = re.search(quoted, source)
+    return None if m2 is None else _line_of(source, m2.start())
+
+
+def _stack_position(stack: str | None, filename: str) -> tuple[int, int] | None:
+    for text in (stack or "").splitlines():
+        if filename in text:
+            m = _STACK_POS.search(text)
+            if m is not None:
+                return int(m.group(1)), int(m.group(2))
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Public runner
+# ---------------------------------------------------------------------------
+
+
+class JsWorkflowRunner:
+    """Runs one export of a `workflow_js` module; one fresh QuickJS sandbox per `run()`.
+
+    The constructor does not load the module: call `check(interfaces)` to validate it
+    against a deployment's interfaces (raises `JsWorkflowLoadError`).
+    """
+
+    def __init__(
+        self,
+        source: str,
+        filename: str,
+        export_name: str | None = None,
+        *,
+        memory_limit: int = DEFAULT_MEMORY_LIMIT,
+        load_timeout: float = DEFAULT_LOAD_TIMEOUT,
+    ) -> None:
+        if memory_limit < _MIN_MEMORY_LIMIT:
+            raise ValueError(f"memory_limit must be at least {_MIN_MEMORY_LIMIT} bytes")
+        if filename in (_LOAD_MODULE, _INTERNAL_MODULE, _WORKFLOW_MODULE, _LOG_MODULE):
+            raise ValueError(f"reserved module name {filename!r}")
+        self.source = source
+        self.filename = filename
+        self.export_name = export_name
+        self.memory_limit = memory_limit
+        self.load_timeout = load_timeout
+        self._lock = threading.Lock()
+        self._active: set[_Run] = set()
+
+    @property
+    def export(self) -> str:
+        """The export's name in the module namespace (`default` for the default export)."""
+        return "default" if self.export_name is None else self.export_name
+
+    def _describe_export(self) -> str:
+        return "default export" if self.export_name is None else f"export '{self.export_name}'"
+
+    # -- validation --
+
+    def check(self, interfaces: Mapping[str, Mapping[str, FunctionShape]]) -> None:
+        """Load the module in a fresh sandbox without a host (its top-level code may not
+        use the host API) and verify that every import resolves and that the export is
+        a function. Raises `JsWorkflowLoadError`."""
+        run = _Run(self, None, interfaces, "E_check", self.load_timeout)
+        try:
+            _run_coroutine(lambda: self._check_async(run))
+        finally:
+            run.close()
+
+    async def _check_async(self, run: _Run) -> None:
+        fname = self.filename
+        try:
+            run.open()
+        except Exception as e:
+            raise JsWorkflowLoadError(
+                f"{fname}: cannot create the JS sandbox: {e}", filename=fname
+            ) from e
+        try:
+            await run.load_module()
+        except InterruptError:
+            raise JsWorkflowLoadError(
+                f"{fname}: module evaluation did not finish within {self.load_timeout:g} s",
+                filename=fname,
+            ) from None
+        except MemoryLimitError:
+            raise JsWorkflowLoadError(
+                f"{fname}: out of memory while loading the module", filename=fname
+            ) from None
+        except DeadlockError:
+            raise JsWorkflowLoadError(
+                f"{fname}: module evaluation awaits a promise that never settles",
+                filename=fname,
+            ) from None
+        except JSError as e:
+            raise self._load_error(run, e) from None
+        except wasmtime.Trap as e:
+            raise JsWorkflowLoadError(
+                f"{fname}: engine trap while loading: {_trap_reason(e)}", filename=fname
+            ) from None
+        except QuickJSError as e:
+            raise JsWorkflowLoadError(
+                f"{fname}: cannot load the module: {e}", filename=fname
+            ) from None
+        kind, exports = run.export_kind(self.export)
+        if kind == "undefined":
+            listed = ", ".join(exports) if exports else "none"
+            raise JsWorkflowLoadError(
+                f"{fname}: no {self._describe_export()} (exports: {listed})", filename=fname
+            )
+        if kind != "function":
+            raise JsWorkflowLoadError(
+                f"{fname}: {self._describe_export()} is not a function (it is {kind})",
+                filename=fname,
+            )
+
+    def _load_error(self, run: _Run, e: JSError) -> JsWorkflowLoadError:
+        fname = self.filename
+        m = _RESOLVE_ERR.search(e.message)
+        if m is not None:
+            spec, base = m.group(1), m.group(2)
+            line = _import_line(self.source, spec) if base == fname else None
+            where = f"{fname}:{line}" if line else fname
+            if _split_interface(spec) is not None or spec.startswith("obelisk:"):
+                known = sorted(
+                    {v.interface for v in run.modules.values()} | {_WORKFLOW_MODULE, _LOG_MODULE}
+                )
+                return JsWorkflowLoadError(
+                    f"{where}: unknown interface '{spec}' imported: no deployed component "
+                    f"exports it (importable: {', '.join(known)}, and their -obelisk-ext, "
+                    "-obelisk-schedule and -obelisk-stub variants)",
+                    filename=fname,
+                    line=line,
+                )
+            return JsWorkflowLoadError(
+                f"{where}: cannot import '{spec}': a workflow_js module may import only "
+                f"deployed interfaces and {_WORKFLOW_MODULE}",
+                filename=fname,
+                line=line,
+            )
+        m = _EXPORT_ERR.search(e.message)
+        if m is not None:
+            name, spec = m.group(1), m.group(2)
+            line = _import_line(self.source, spec, name)
+            where = f"{fname}:{line}" if line else fname
+            available = self._exports_of(run, spec)
+            return JsWorkflowLoadError(
+                f"{where}: '{spec}' has no function '{name}' "
+                f"(available: {', '.join(available) if available else 'none'})",
+                filename=fname,
+                line=line,
+            )
+        pos = _stack_position(e.stack, fname)
+        where = f" (line {pos[0]}, column {pos[1]})" if pos else ""
+        line = pos[0] if pos else None
+        if e.name == "SyntaxError":
+            return JsWorkflowLoadError(
+                f"{fname}: SyntaxError: {e.message}{where}", filename=fname, line=line
+            )
+        return JsWorkflowLoadError(
+            f"{fname}: module evaluation failed: {e.name}: {e.message}{where}",
+            filename=fname,
+            line=line,
+        )
+
+    @staticmethod
+    def _exports_of(run: _Run, spec: str) -> list[str]:
+        if spec == _WORKFLOW_MODULE:
+            return [*_API_NAMES, "default"]
+        if spec == _LOG_MODULE:
+            return sorted(_LOG_LEVELS)
+        source = run._load(spec) or ""
+        return re.findall(r"export \{ \w+ as ([\w$]+) \}", source)
+
+    # -- running --
+
+    def interrupt(self, execution_id: str | None = None) -> None:
+        """Stop the runs of this runner in progress (all, or that execution's), from any
+        thread: their outcome is `WfAborted`. A guest blocked in a host call is not
+        woken (the host must return or raise); a computing guest stops within ms."""
+        with self._lock:
+            for run in self._active:
+                if execution_id is None or run.execution_id == execution_id:
+                    run.stop = True
+
+    def run(
+        self,
+        host: WorkflowHost,
+        params: list[Any],
+        *,
+        spin_timeout: float | None = None,
+    ) -> WorkflowOutcome:
+        """Run the export once against `host` with `params` as positional arguments.
+
+        Never raises for guest faults; re-raises an unexpected exception of the host.
+        """
+        try:
+            params_js = json.dumps(list(params), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            return WfTrap(f"params are not JSON: {e}")
+        try:
+            interfaces = host.interfaces()
+        except RunAborted:
+            return WfAborted()
+        run = _Run(self, host, interfaces, host.execution_id, spin_timeout)
+        with self._lock:
+            self._active.add(run)
+        try:
+            outcome = _run_coroutine(lambda: self._run_async(run, params_js))
+        finally:
+            with self._lock:
+                self._active.discard(run)
+            run.close()
+        if run.host_failure is not None:
+            raise run.host_failure
+        if run.stop or run.aborted:
+            return WfAborted()
+        if run.timed_out:
+            return WfTimedOut()
+        return outcome
+
+    async def _run_async(self, run: _Run, params_js: str) -> WorkflowOutcome:
+        try:
+            run.open()
+        except Exception as e:
+            return WfTrap(f"cannot create the JS sandbox: {e}", traceback.format_exc())
+        stage = "loading the module"
+        try:
+            await run.load_module()
+            stage = "running the function"
+            text = await run.invoke(self.export, params_js)
+        except InterruptError:
+            return WfTrap("interrupted")  # replaced by run() according to the stop flags
+        except MemoryLimitError:
+            return WfTrap("out of memory")
+        except DeadlockError:
+            return WfTrap(
+                f"{stage}: awaited a promise that never settles (host calls are synchronous; "
+                "there are no timers)"
+            )
+        except JSError as e:
+            if stage == "loading the module":
+                return WfTrap(str(self._load_error(run, e)), e.stack or "")
+            return WfTrap(f"{stage}: {e.name}: {e.message}", e.stack or "")
+        except wasmtime.Trap as e:
+            return WfTrap(_trap_reason(e), str(e))
+        except QuickJSError as e:
+            return WfTrap(f"{stage}: {type(e).__name__}: {e}", traceback.format_exc())
+        except Exception as e:
+            return WfTrap(f"{stage}: internal error: {e!r}", traceback.format_exc())
+        return self._outcome_from_record(text)
+
+    def _user_stack(self, stack: str) -> str:
+        """Keep the frames of the workflow's own file (the rest is the runtime's)."""
+        lines = [
+            line
+            for line in stack.splitlines()
+            if any(f.file == self.filename for f in parse_js_stack(line))
+        ]
+        return "\n".join(lines) if lines else stack
+
+    def _outcome_from_record(self, text: str) -> WorkflowOutcome:
+        try:
+            record = _parse_json_result(text)
+        except ValueError as e:
+            return WfTrap(f"cannot decode the function's result: {e}", text[:1000])
+        kind = record.get("t")
+        if kind == "ok":
+            return WfOk(record.get("v"))
+        if kind == "err":
+            return WfErr(record.get("v"))
+        if kind == "oom":
+            return WfTrap("out of memory")
+        reason = str(record.get("reason", "unknown failure"))
+        return WfTrap(reason, self._user_stack(str(record.get("detail", ""))))
