@@ -114,6 +114,11 @@ class ServerProcess:
             self._log.flush()
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
+    def error_lines(self) -> list[str]:
+        """Lines logged at ERROR or CRITICAL, and tracebacks."""
+        marks = (" ERROR ", " CRITICAL ", "Traceback (most recent call last)")
+        return [line for line in self.output().splitlines() if any(m in line for m in marks)]
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)

@@ -157,6 +157,7 @@ def test_sigkill_with_executions_in_flight_loses_nothing(
     )
     t_done = time.monotonic()
     assert second.stop() == 0, second.output()
+    assert not second.error_lines(), second.output()
 
     # 3. Check every log with the engine's storage and state function.
     assert all_execution_ids(db) == set(by_id)

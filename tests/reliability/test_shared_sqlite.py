@@ -80,8 +80,7 @@ def test_two_engines_on_one_sqlite_file_run_each_execution_once(
     assert a.stop() == 0, a.output()
     assert b.stop() == 0, b.output()
     for server in (a, b):
-        errors = [line for line in server.output().splitlines() if " ERROR " in line]
-        assert not errors, "\n".join(errors)
+        assert not server.error_lines(), server.output()
 
     assert all_execution_ids(db) == set(by_id)
     logs = load_logs(db, by_id)
