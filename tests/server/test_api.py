@@ -390,8 +390,9 @@ async def test_cancel(client: TestClient[Any, Any]) -> None:
 async def test_cancel_not_cancellable_workflow_is_422(
     client: TestClient[Any, Any], engine: Engine
 ) -> None:
-    # Workflows are not loadable by this version yet: create a workflow execution at the
-    # storage level (the API does not look at the registry for cancellation).
+    # Workflow executions created at the storage level (no JS needed): the API maps the
+    # storage's NotCancellable to 422, and a -cancellable workflow goes to Cancelling.
+    # `test_workflow_with_a_stub_child` covers the 422 with a real JS workflow.
     now = engine.clock.now()
     for name, status in (("serial", 422), ("serial-cancellable", 200)):
         eid = unknown_id()
@@ -655,3 +656,100 @@ async def test_wasm_activity_through_the_api(wasm_client: TestClient[Any, Any]) 
     assert (await c.put(f"/v1/executions/{eid}/cancel")).status == 200
     r = await c.get(f"/v1/executions/{eid}", params={"follow": "true", "timeout": "10"})
     assert (await r.json())["execution_failure"]["kind"] == "cancelled"
+
+
+# ---------------------------------------------------------------------------------------
+# A JS workflow waiting on a stub child
+# ---------------------------------------------------------------------------------------
+
+CHECKOUT = "myapp:demo/workflow.checkout"
+CHECKOUT_JS = """
+import { approve } from "myapp:demo/approval";
+export default function checkout(order) {
+  return approve(order) ? "approved" : "rejected";
+}
+"""
+WORKFLOW_DEPLOYMENT = f"""
+[[workflow_js]]
+name = "checkout"
+location = "checkout.js"
+ffqn = "{CHECKOUT}"
+params = [{{ name = "order", type = "string" }}]
+return_type = "result<string, string>"
+"""
+
+
+def write_workflow_deployment(directory: Path) -> Path:
+    (directory / "checkout.js").write_text(CHECKOUT_JS)
+    path = write_deployment(directory)
+    path.write_text(path.read_text() + WORKFLOW_DEPLOYMENT)
+    return path
+
+
+@pytest.fixture
+async def workflow_client(tmp_path: Path) -> AsyncIterator[TestClient[Any, Any]]:
+    e = await Engine.start(write_workflow_deployment(tmp_path), tmp_path / "data")
+    try:
+        async with TestClient(TestServer(make_app(e, TOKEN)), headers=AUTH) as c:
+            yield c
+    finally:
+        await e.stop()
+
+
+async def wait_for_state(c: TestClient[Any, Any], eid: str, state: str) -> dict[str, Any]:
+    for _ in range(250):
+        info: dict[str, Any] = await (await c.get(f"/v1/executions/{eid}/status")).json()
+        if info["state"]["type"] == state:
+            return info
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{eid} never reached {state}: {info['state']}")
+
+
+async def test_workflow_with_a_stub_child(workflow_client: TestClient[Any, Any]) -> None:
+    c = workflow_client
+    eid = await submit(c, CHECKOUT, ["order-7"])
+    info = await wait_for_state(c, eid, "blocked_by_join_set")
+    assert info["component_type"] == "workflow_js"
+    assert info["state"]["join_set_id"] == "o:1-approve"
+
+    # The child is listed with its parent; top_level_only hides it.
+    rows = await (await c.get("/v1/executions")).json()
+    (child,) = [r for r in rows if r["parent_id"] == eid]
+    child_id = child["execution_id"]
+    assert child_id == f"{eid}.o:1-approve_1"
+    assert child["ffqn"] == APPROVE
+    top = await (await c.get("/v1/executions?top_level_only=true")).json()
+    assert [r["execution_id"] for r in top] == [eid]
+
+    # Not a -cancellable workflow: 422. A blocked workflow can be paused.
+    await expect_error(await c.put(f"/v1/executions/{eid}/cancel"), 422, "not cancellable")
+    r = await c.put(f"/v1/executions/{eid}/pause")
+    assert r.status == 200
+    assert (await r.json())["state"]["underlying"]["type"] == "blocked_by_join_set"
+
+    # The child's result arrives while the parent is paused; the parent then continues.
+    follow = asyncio.create_task(c.get(f"/v1/executions/{eid}?follow=true&timeout=10"))
+    r = await c.put(f"/v1/executions/{child_id}/stub", json={"ok": True})
+    assert r.status == 200
+    responses = await (await c.get(f"/v1/executions/{eid}/responses")).json()
+    assert len(responses) == 1
+    assert responses[0]["cursor"] == 1
+    assert responses[0]["response"] == {
+        "type": "child_execution_finished",
+        "child_execution_id": child_id,
+        "join_set_id": "o:1-approve",
+        "finished_version": 1,
+        "result": {"type": "ok", "value": True},
+    }
+    assert await (await c.get(f"/v1/executions/{eid}/responses?after=1")).json() == []
+    info = await (await c.get(f"/v1/executions/{eid}/status")).json()
+    assert info["state"]["type"] == "paused"
+    assert info["state"]["underlying"]["type"] == "pending_at"
+    assert not follow.done()
+    assert (await c.put(f"/v1/executions/{eid}/unpause")).status == 200
+    response = await asyncio.wait_for(follow, 10)
+    assert await response.json() == {"ok": "approved"}
+
+    events = await (await c.get(f"/v1/executions/{eid}/events")).json()
+    history = [e["event"]["event"]["type"] for e in events if e["event"]["type"] == "history_event"]
+    assert "join_set_request" in history

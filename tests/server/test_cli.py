@@ -23,7 +23,14 @@ import pytest
 from engine.cli import main
 from engine.client import ApiClient, ApiError
 from engine.server.run import RunningServer, start_server
-from tests.server.test_api import APPROVE, COUNT, TOKEN, write_deployment
+from tests.server.test_api import (
+    APPROVE,
+    CHECKOUT,
+    COUNT,
+    TOKEN,
+    write_deployment,
+    write_workflow_deployment,
+)
 
 # ---------------------------------------------------------------------------------------
 # A server on a background thread
@@ -56,7 +63,7 @@ class ServerThread:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     directory = tmp_path_factory.mktemp("cli")
-    s = ServerThread(write_deployment(directory), directory / "data", TOKEN)
+    s = ServerThread(write_workflow_deployment(directory), directory / "data", TOKEN)
     try:
         yield s
     finally:
@@ -114,7 +121,8 @@ def test_component_list(cli: Cli) -> None:
     assert "activity_stub" in out
     assert f"    {COUNT}(n: u32, tags: list<string>) -> result<u32, string>" in out
     data = json.loads(cli.ok("component", "list", "--json"))
-    assert {c["name"] for c in data} == {APPROVE, "counter"}
+    assert {c["name"] for c in data} == {APPROVE, "counter", "checkout"}
+    assert "workflow_js" in out
 
 
 def test_submit_status_result_human(cli: Cli, api: ApiClient) -> None:
@@ -252,6 +260,35 @@ def test_logs_human(cli: Cli, api: ApiClient, server: ServerThread) -> None:
     out = cli.ok("execution", "logs", eid).splitlines()
     assert out[0].endswith("Z  stdout  hello")
     assert out[1].endswith("Z  WARN    careful")
+
+
+def test_workflow_child_status_responses_and_cancel(cli: Cli, api: ApiClient) -> None:
+    eid = cli.ok("execution", "submit", CHECKOUT, '["order-9"]').strip()
+    child = f"{eid}.o:1-approve_1"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            api.status(child)
+            break
+        except ApiError:
+            assert time.monotonic() < deadline, "the workflow never submitted its child"
+            time.sleep(0.02)
+    out = cli.ok("execution", "status", child)
+    assert f"execution     {child}" in out
+    assert f"parent        {eid}" in out
+
+    line = cli.fails(1, "execution", "cancel", eid)
+    assert line.startswith(f"error: execution {eid} ({CHECKOUT}) is not cancellable")
+
+    assert cli.ok("execution", "stub", child, '{"ok": false}').startswith(f"stubbed {child}")
+    code, out, _ = cli("execution", "result", eid, "--follow", "--timeout", "10")
+    assert (code, out) == (0, 'ok: "rejected"\n')
+    header, row = cli.ok("execution", "responses", eid).splitlines()
+    assert header.split() == ["CURSOR", "CREATED", "RESPONSE"]
+    assert row.split()[0] == "1"
+    assert row.split()[2:4] == ["child_execution_finished", f"child_execution_id={child}"]
+    rows = json.loads(cli.ok("execution", "list", "--top-level-only", "--json"))
+    assert all(r["parent_id"] is None for r in rows)
 
 
 # ---------------------------------------------------------------------------------------
