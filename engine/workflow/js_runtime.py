@@ -404,8 +404,7 @@ const G = globalThis;
 const rawHost = G.__obelisk_host;
 delete G.__obelisk_host;
 delete G.performance;
-const EXECUTION_ID = __OBELISK_EXECUTION_ID__;
-const SEED = __OBELISK_SEED__;
+let EXECUTION_ID = "";
 const STACK_OPS = new Set(__OBELISK_STACK_OPS__);
 const RealDate = Date;
 const RealError = Error;
@@ -414,7 +413,9 @@ const JSONparse = JSON.parse;
 try { RealError.stackTraceLimit = 64; } catch (_e) { /* not supported */ }
 
 const BIGINT = "\u0000obelisk:bigint:";
+const BIGINT_JSON = "\\u0000obelisk:bigint:";
 const replacer = (_k, v) => (typeof v === "bigint" ? BIGINT + v.toString() : v);
+const reviver = (_k, v) => (typeof v === "string" && v.startsWith(BIGINT) ? BigInt(v.slice(BIGINT.length)) : v);
 const define = (obj, name, value) =>
   Object.defineProperty(obj, name, { value, writable: true, configurable: true, enumerable: false });
 const MISUSE = Symbol("obelisk.misuse");
@@ -447,7 +448,8 @@ function misuse(message, Ctor) {
 
 function host(op, args) {
   const stack = STACK_OPS.has(op) ? new RealError().stack : "";
-  const r = JSONparse(rawHost(JSONstringify([op, args, stack], replacer)));
+  const text = rawHost(JSONstringify([op, args, stack], replacer));
+  const r = text.includes(BIGINT_JSON) ? JSONparse(text, reviver) : JSONparse(text);
   if (r.e !== undefined) throw misuse(r.e, r.t === "TypeError" ? TypeError : RealError);
   return r.v;
 }
@@ -478,7 +480,7 @@ Object.defineProperty(DetDate, "name", { value: "Date" });
 Object.defineProperty(DetDate, "length", { value: 7 });
 define(G, "Date", DetDate);
 
-let s0 = SEED[0] | 0, s1 = SEED[1] | 0, s2 = SEED[2] | 0, s3 = SEED[3] | 0;
+let s0 = 1, s1 = 0, s2 = 0, s3 = 0;
 const rotl = (x, k) => (x << k) | (x >>> (32 - k));
 function nextU32() {
   const result = Math.imul(rotl(Math.imul(s1, 5), 7), 9) >>> 0;
@@ -758,6 +760,16 @@ const internal = {
 };
 Object.defineProperty(G, "__obelisk_internal", { value: Object.freeze(internal), configurable: true, enumerable: false });
 
+// -- per-run values (the prelude itself is shared through a heap snapshot) ---------------
+Object.defineProperty(G, "__obelisk_init", {
+  value: (executionId, seed) => {
+    EXECUTION_ID = executionId;
+    s0 = seed[0] | 0; s1 = seed[1] | 0; s2 = seed[2] | 0; s3 = seed[3] | 0;
+    delete G.__obelisk_init;
+  },
+  configurable: true, enumerable: false,
+});
+
 // -- invoking the export --------------------------------------------------------------------
 const record = (t, v) => {
   const s = JSONstringify(v === undefined ? null : v, replacer);
@@ -778,7 +790,8 @@ const errRecord = (e) => {
   try { return record("err", e); } catch (_e) { return record("err", String(e)); }
 };
 Object.defineProperty(G, "__obelisk_invoke", {
-  value: async (m, name, args) => {
+  value: async (m, name, argsText) => {
+    const args = argsText.includes(BIGINT_JSON) ? JSONparse(argsText, reviver) : JSONparse(argsText);
     const fn = m[name];
     if (typeof fn !== "function") {
       return JSONstringify({ t: "trap", reason: `export '${name}' is not a function (it is ${typeof fn})` });
@@ -822,9 +835,65 @@ _STACK_OPS = (
 
 _ABORT_REPLY = json.dumps({"e": "the workflow run was aborted"})
 
+_PRELUDE_SOURCE = _PRELUDE.replace("__OBELISK_STACK_OPS__", json.dumps(list(_STACK_OPS)))
+
+#: Whether runs start from a heap snapshot taken after the prelude (tests compare both).
+USE_SNAPSHOT = True
+
+_snapshots: dict[int, Any] = {}
+_snapshot_lock = threading.Lock()
+
+
+def _prelude_snapshot(memory_limit: int) -> Any:
+    """A QuickJS heap image with the prelude evaluated (one per memory limit, built on
+    first use): restoring it (a memory copy) is much cheaper than compiling and running
+    the prelude in every run. None when quickjs-rs cannot snapshot."""
+    snapshot = _snapshots.get(memory_limit)
+    if snapshot is not None:
+        return snapshot
+    with _snapshot_lock:
+        snapshot = _snapshots.get(memory_limit)
+        if snapshot is not None:
+            return snapshot
+        rt = Runtime(memory_limit=memory_limit)
+        try:
+            ctx = rt.new_context(timeout=_FOREVER)
+            ctx.register("__obelisk_host", lambda _request: _ABORT_REPLY, is_async=False)
+            ctx.eval(_PRELUDE_SOURCE, filename="<obelisk:prelude>")
+            snapshot = ctx.create_snapshot()
+        except Exception:
+            snapshot = None
+        finally:
+            rt.close()
+        if snapshot is not None:
+            _snapshots[memory_limit] = snapshot
+        return snapshot
+
 
 class _BadArgs(Exception):
     """Malformed arguments reached the host bridge: becomes a JS TypeError."""
+
+
+_MAX_SAFE_INTEGER = 2**53 - 1
+_BIGINT_PREFIX = "\x00obelisk:bigint:"
+
+
+def _wide_ints_as_bigints(value: Any) -> Any:
+    """Integers beyond JS's safe range cross as BigInts (like quickjs-rs does), so the
+    guest sees them exactly; the prelude's JSON reviver turns the markers back."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return (
+            value
+            if -_MAX_SAFE_INTEGER <= value <= _MAX_SAFE_INTEGER
+            else f"{_BIGINT_PREFIX}{value}"
+        )
+    if isinstance(value, list):
+        return [_wide_ints_as_bigints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _wide_ints_as_bigints(v) for k, v in value.items()}
+    return value
 
 
 def _int(value: Any, what: str) -> int:
@@ -891,6 +960,10 @@ ACCELERATE = True
 
 _VAL_FIELDS = ("i32", "i64", "f32", "f64")
 
+#: Export name → (param kinds, result kind or -1, params array type, results array
+#: type); the same for every instance of the QuickJS guest module.
+_SIGNATURES: dict[str, tuple[tuple[int, ...], int, Any, Any]] = {}
+
 
 def _fast_guest_calls(inst: Any) -> bool:
     """Replace `inst.c` (quickjs-rs's "call a guest export") by a leaner equivalent.
@@ -931,18 +1004,16 @@ def _fast_guest_calls(inst: Any) -> bool:
 
         def signature(name: str) -> tuple[Any, tuple[int, ...], int, Any, Any]:
             fn = exports[name]
-            ty = fn.type(store)
-            params = tuple(kinds[str(p)] for p in ty.params)
-            results = tuple(kinds[str(r)] for r in ty.results)
-            if len(results) > 1:
-                raise TypeError(f"guest export {name} returns several values")
-            entry = (
-                fn._func,
-                params,
-                results[0] if results else -1,
-                val_t * len(params),
-                val_t * len(results),
-            )
+            sig = _SIGNATURES.get(name)
+            if sig is None:
+                ty = fn.type(store)
+                params = tuple(kinds[str(p)] for p in ty.params)
+                results = tuple(kinds[str(r)] for r in ty.results)
+                if len(results) > 1:
+                    raise TypeError(f"guest export {name} returns several values")
+                sig = (params, results[0] if results else -1, val_t * len(params), val_t * 1)
+                _SIGNATURES[name] = sig
+            entry = (fn._func, *sig)
             cache[name] = entry
             return entry
 
@@ -1026,6 +1097,7 @@ class _Run:
         self.rt: Any = None
         self.ctx: Any = None
         self.accelerated = False
+        self.from_snapshot = False
         self._ops: dict[str, Callable[[list[Any]], Any]] = {
             "log": self._op_log,
             "now": lambda _a: self._host().now_ms(),
@@ -1056,14 +1128,42 @@ class _Run:
         self.rt._engine_rt.set_interrupt_handler(self._should_interrupt)
         inst: Any = self.ctx._engine_ctx._inst
         inst.store.set_limits(memory_size=runner.memory_limit)
-        self.accelerated = ACCELERATE and _fast_guest_calls(inst)
+        self.accelerated = ACCELERATE and _fast_guest_calls(inst) and self._fast_host_call(inst)
+        # The guest calls host functions by name: registering ours before a snapshot
+        # restore maps the prelude's (restored) `__obelisk_host` to this run's dispatcher.
         self.ctx.register("__obelisk_host", self._dispatch, is_async=False)
-        prelude = (
-            _PRELUDE.replace("__OBELISK_EXECUTION_ID__", json.dumps(self.execution_id))
-            .replace("__OBELISK_SEED__", json.dumps(_seed(self.execution_id)))
-            .replace("__OBELISK_STACK_OPS__", json.dumps(list(_STACK_OPS)))
-        )
-        self.ctx.eval(prelude, filename="<obelisk:prelude>")
+        snapshot = _prelude_snapshot(runner.memory_limit) if USE_SNAPSHOT else None
+        if snapshot is not None:
+            self.rt.restore_snapshot(snapshot, self.ctx)
+            self.from_snapshot = True
+        else:
+            self.ctx.eval(_PRELUDE_SOURCE, filename="<obelisk:prelude>")
+        init = f"__obelisk_init({json.dumps(self.execution_id)}, {json.dumps(_seed(self.execution_id))})"
+        self.ctx.eval(init, filename="<obelisk:init>")
+
+    def _fast_host_call(self, inst: Any) -> bool:
+        """Route the prelude's `__obelisk_host(request)` straight to `_dispatch`.
+
+        quickjs-rs marshals every argument generically (type probe, then value), which
+        costs extra guest calls; the request is always one string, so read it as one.
+        Other host functions (none today) keep the generic path."""
+        generic = inst._host_call
+        name = b"__obelisk_host"
+        if not callable(generic) or not hasattr(inst, "_get_string"):
+            return False
+
+        def host_call(name_ptr: int, name_len: int, this: int, argc: int, argv_ptr: int) -> int:
+            if argc != 1 or name_len != len(name) or inst.read(name_ptr, name_len) != name:
+                return int(generic(name_ptr, name_len, this, argc, argv_ptr))
+            try:
+                handle = int.from_bytes(inst.read(argv_ptr, 4), "little", signed=True)
+                reply = self._dispatch(inst._get_string(handle))
+                return int(inst._new_string(reply))
+            except Exception:
+                return -1  # quickjs-rs's HOST_CALL_ERROR: the guest throws a HostError
+
+        inst._host_call = host_call
+        return True
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -1119,7 +1219,10 @@ class _Run:
         await self.ctx.eval_async(f"import {json.dumps(_LOAD_MODULE)};", module=True)
 
     async def invoke(self, export: str, params_js: str) -> str:
-        code = f"await __obelisk_invoke(__obelisk_module, {json.dumps(export)}, {params_js})"
+        code = (
+            f"await __obelisk_invoke(__obelisk_module, {json.dumps(export)}, "
+            f"{json.dumps(params_js)})"
+        )
         self.guest_since = time.monotonic()
         result = await self.ctx.eval_async(code, filename="<obelisk:invoke>")
         if not isinstance(result, str):
@@ -1158,7 +1261,7 @@ class _Run:
             if stack and self.host is not None and op in _STACK_OPS:
                 self.host.set_stack(parse_js_stack(str(stack), self.filename))
             value = handler(args)
-            return json.dumps({"v": value}, allow_nan=False)
+            return json.dumps({"v": _wide_ints_as_bigints(value)}, allow_nan=False)
         except RunAborted:
             self.aborted = True
             return _ABORT_REPLY
@@ -1445,7 +1548,7 @@ class JsWorkflowRunner:
         Never raises for guest faults; re-raises an unexpected exception of the host.
         """
         try:
-            params_js = json.dumps(list(params), allow_nan=False)
+            params_js = json.dumps(_wide_ints_as_bigints(list(params)), allow_nan=False)
         except (TypeError, ValueError) as e:
             return WfTrap(f"params are not JSON: {e}")
         try:

@@ -376,6 +376,13 @@ def test_params_are_positional() -> None:
     assert run_js(src, [1, {"x": "y"}, None])[0] == WfOk([1, {"x": "y"}, None])
 
 
+def test_wide_integers_cross_as_bigints() -> None:
+    src = "export default function (a, b) { return [typeof a, a + 1n, typeof b, b]; }"
+    assert run_js(src, [2**64 - 2, 2**53 - 1])[0] == WfOk(
+        ["bigint", 2**64 - 1, "number", 2**53 - 1]
+    )
+
+
 def test_named_export() -> None:
     src = "export function serial(n) { return n * 2; }\nexport default () => 0;"
     assert run_js(src, [4], export="serial")[0] == WfOk(8)
@@ -897,21 +904,48 @@ def test_engine_failures_are_traps() -> None:
 
 
 # ---------------------------------------------------------------------------
-# The faster guest-call path
+# Fast paths: accelerated guest calls, prelude snapshot
 # ---------------------------------------------------------------------------
 
+EQUIVALENCE = """
+import { step, fail } from "myapp:demo/activity";
+import { stepSubmit, stepAwaitNext } from "myapp:demo-obelisk-ext/activity";
+export default function (n) {
+  console.log("start", n);
+  const js = obelisk.createJoinSet();
+  for (let i = 0; i < n; i++) stepSubmit(js, i, 0);
+  let acc = 0;
+  for (let i = 0; i < n; i++) acc += stepAwaitNext(js);
+  let err;
+  try { fail(1); } catch (e) { err = e.value; }
+  return [acc, err, step(2n ** 60n, 0), Date.now(), Math.random(), obelisk.randomU64(0, 10),
+          obelisk.executionIdCurrent(), js.joinNext(), "é ✓ \\u0000"];
+}
+"""
 
-def test_accelerated_guest_calls_are_active_and_equivalent(monkeypatch: pytest.MonkeyPatch) -> None:
-    runner = JsWorkflowRunner(SERIAL, "wf.js")
-    seen: list[bool] = []
+
+@pytest.mark.parametrize("accelerate", [True, False])
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_fast_paths_are_active_and_equivalent(
+    monkeypatch: pytest.MonkeyPatch, accelerate: bool, snapshot: bool
+) -> None:
+    seen: list[tuple[bool, bool]] = []
     original_open = js_runtime._Run.open
 
     def spy(self: js_runtime._Run) -> None:
         original_open(self)
-        seen.append(self.accelerated)
+        seen.append((self.accelerated, self.from_snapshot))
 
     monkeypatch.setattr(js_runtime._Run, "open", spy)
-    assert runner.run(make_host(), []) == WfOk("45")
-    monkeypatch.setattr(js_runtime, "ACCELERATE", False)
-    assert runner.run(make_host(), []) == WfOk("45")
-    assert seen == [True, False]
+    monkeypatch.setattr(js_runtime, "ACCELERATE", accelerate)
+    monkeypatch.setattr(js_runtime, "USE_SNAPSHOT", snapshot)
+    outcome, host = run_js(EQUIVALENCE, [5])
+    assert seen == [(accelerate, snapshot)] * 2  # check() and run()
+    assert isinstance(outcome, WfOk)
+    value = outcome.value
+    assert value[:4] == [10, "failed 1", 2**60, START_MS + 1]  # wide ints cross as BigInt
+    assert value[6:] == [host.execution_id, {"type": "allProcessed"}, "é ✓ \x00"]
+    assert host.logs == [("info", "start 5")]
+    # Identical across the four combinations (same seed, same host answers).
+    reference, _ = run_js(EQUIVALENCE, [5])
+    assert outcome == reference
