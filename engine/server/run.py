@@ -132,6 +132,8 @@ def _print_components(server: RunningServer, out: TextIO) -> None:
 async def _serve(
     deployment: Path, data_dir: Path, host: str, port: int, token: str | None, out: TextIO
 ) -> int:
+    print(f"Starting the engine: {deployment} (the first start compiles components)…",
+          file=out, flush=True)
     try:
         server = await start_server(deployment, data_dir, host, port, token)
     except (DeploymentError, StorageError) as e:
@@ -202,6 +204,7 @@ def run_server(
     try:
         return asyncio.run(_serve(Path(deployment), Path(data_dir), host, port, token, out))
     except KeyboardInterrupt:  # a signal before the handlers were installed
+        print("interrupted during start-up", file=sys.stderr)
         return 130
 
 
