@@ -843,7 +843,9 @@ def test_interrupt_while_the_host_blocks() -> None:
     result: list[WorkflowOutcome] = []
     thread = threading.Thread(target=lambda: result.append(runner.run(host, [])))
     thread.start()
-    time.sleep(0.12)
+    deadline = time.monotonic() + 10
+    while not host.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
     runner.interrupt()
     thread.join(5)
     assert result == [WfAborted()]
@@ -901,6 +903,8 @@ def test_engine_failures_are_traps() -> None:
     assert isinstance(outcome, WfTrap) and "never settles" in outcome.reason
     outcome = run_js("export default () => { const a = []; for (;;) a.push('x'.repeat(1e6)); };")[0]
     assert outcome == WfTrap("out of memory")
+    src = "export default function f() { try { return f() + 1; } catch (e) { return 0; } }"
+    assert run_js(src)[0] == WfTrap("stack overflow")
 
 
 # ---------------------------------------------------------------------------
