@@ -125,7 +125,8 @@ a switch the tests flip to check both paths give the same results: `USE_SNAPSHOT
 run restores a heap image taken once after the prelude instead of compiling it) and
 `ACCELERATE` (a leaner guest-call path: cached export signatures, and the one-string
 host bridge read without quickjs-rs's generic marshalling). With both, a run costs
-about 5 ms of CPU plus ~0.15-0.2 ms per host call (vs ~13 ms and ~0.9 ms without).
+about 5 ms of CPU plus ~0.15-0.2 ms per host call (vs ~10 ms and ~0.4 ms without them;
+measured on a shared 2-core machine, so indicative only).
 """
 
 from __future__ import annotations
