@@ -104,6 +104,16 @@ class ListFilter:
 
 
 @dataclass(frozen=True, slots=True)
+class UnfinishedExecution:
+    """A not finished execution, for workflow upgrades (SPEC §9.3)."""
+
+    execution_id: str
+    ffqn: str
+    #: Set after a failed upgrade: only an executor of this component digest may lock it.
+    pinned_digest: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class StoredLog:
     id: int
     execution_id: str
@@ -142,8 +152,13 @@ class Storage(Protocol):
         lock_expires_at: datetime,
         retry_config: ev.RetryConfig,
         with_log: bool = False,
+        pinned_digest: str | None = None,
     ) -> list[LockedExecution]:
-        """Lock up to `batch_size` due executions of `ffqns`, oldest first."""
+        """Lock up to `batch_size` due executions of `ffqns`, oldest first.
+
+        Executions pinned to a component digest (a failed upgrade, SPEC §9.3) are locked
+        only when `pinned_digest` names that digest; with `pinned_digest=None` (every
+        executor of the current deployment) only executions that are not pinned."""
 
     async def append(
         self,
@@ -160,6 +175,18 @@ class Storage(Protocol):
         self, execution_id: str, response: ev.Response, now: datetime
     ) -> None:
         """Write a response (a delay finished); duplicates are rejected with Conflict."""
+
+    async def append_upgrade_finished(
+        self,
+        execution_id: str,
+        expected_version: int,
+        event: ev.ComponentUpgradeFinished,
+        pinned_digest: str | None,
+        now: datetime,
+    ) -> ExecutionSummary:
+        """Append `component_upgrade_finished` at `expected_version` and, in the same
+        transaction, pin the execution to `pinned_digest` (the version it must keep
+        running on after a failed upgrade) or unpin it (None, after a success)."""
 
     async def append_logs(
         self, execution_id: str, run_id: str | None, lines: Sequence[LogLine], now: datetime
@@ -199,6 +226,12 @@ class Storage(Protocol):
     async def list_executions(self, flt: ListFilter) -> list[ExecutionRow]: ...
 
     async def count_by_state(self) -> dict[str, int]: ...
+
+    async def unfinished_executions(
+        self, ffqns: Sequence[str] | None = None, *, pinned_only: bool = False
+    ) -> list[UnfinishedExecution]:
+        """Executions that are not finished (of `ffqns`, or all), with their pin; only the
+        pinned ones with `pinned_only`."""
 
     async def get_logs(
         self, execution_id: str, after_id: int = 0, limit: int = 1000

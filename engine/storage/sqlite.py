@@ -51,6 +51,7 @@ from engine.storage.contract import (
     NotFound,
     StorageError,
     StoredLog,
+    UnfinishedExecution,
     VersionConflict,
 )
 from engine.storage.notify import Notifier
@@ -60,7 +61,7 @@ log = logging.getLogger("obelisk.storage")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 MIGRATIONS: list[str] = [
     # 1: initial schema
@@ -122,6 +123,13 @@ MIGRATIONS: list[str] = [
         message TEXT NOT NULL
     );
     CREATE INDEX logs_execution ON logs (execution_id, id);
+    """,
+    # 2: workflow upgrades (SPEC §9.3): an execution whose upgrade failed stays on the
+    # component digest that wrote its history; only that version's executor locks it.
+    """
+    ALTER TABLE executions ADD COLUMN pinned_digest TEXT;
+    CREATE INDEX executions_pinned ON executions (pinned_digest)
+        WHERE pinned_digest IS NOT NULL;
     """,
 ]
 
@@ -315,10 +323,13 @@ class SqliteStorage:
         lock_expires_at: datetime,
         retry_config: ev.RetryConfig,
         with_log: bool = False,
+        pinned_digest: str | None = None,
     ) -> list[LockedExecution]:
         locked = ev.Locked(component_id, executor_id, run_id, lock_expires_at, retry_config)
         return await self._write(
-            lambda c, n: _lock_pending(c, n, list(ffqns), batch_size, now, locked, with_log)
+            lambda c, n: _lock_pending(
+                c, n, list(ffqns), batch_size, now, locked, with_log, pinned_digest
+            )
         )
 
     async def append(
@@ -338,6 +349,24 @@ class SqliteStorage:
         self, execution_id: str, response: ev.Response, now: datetime
     ) -> None:
         await self._write(lambda c, n: _add_response(c, n, execution_id, response, now))
+
+    async def append_upgrade_finished(
+        self,
+        execution_id: str,
+        expected_version: int,
+        event: ev.ComponentUpgradeFinished,
+        pinned_digest: str | None,
+        now: datetime,
+    ) -> ExecutionSummary:
+        def tx(c: sqlite3.Connection, n: _Notes) -> ExecutionSummary:
+            s = _append(c, n, execution_id, expected_version, [event], now, None)
+            c.execute(
+                "UPDATE executions SET pinned_digest = ? WHERE execution_id = ?",
+                (pinned_digest, execution_id),
+            )
+            return s
+
+        return await self._write(tx)
 
     async def append_logs(
         self, execution_id: str, run_id: str | None, lines: Sequence[LogLine], now: datetime
@@ -472,6 +501,25 @@ class SqliteStorage:
         args.append(flt.limit)
         rows = await self._reader.execute_fetchall(sql, args)
         return [_row(r) for r in rows]
+
+    async def unfinished_executions(
+        self, ffqns: Sequence[str] | None = None, *, pinned_only: bool = False
+    ) -> list[UnfinishedExecution]:
+        states = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling")
+        sql = (
+            "SELECT execution_id, ffqn, pinned_digest FROM executions "
+            f"WHERE state IN ({','.join('?' * len(states))})"
+        )
+        args: list[Any] = list(states)
+        if pinned_only:
+            sql += " AND pinned_digest IS NOT NULL"
+        if ffqns is not None:
+            if not ffqns:
+                return []
+            sql += f" AND ffqn IN ({','.join('?' * len(ffqns))})"
+            args += list(ffqns)
+        rows = await self._reader.execute_fetchall(sql + " ORDER BY execution_id", args)
+        return [UnfinishedExecution(e, f, d) for e, f, d in rows]
 
     async def count_by_state(self) -> dict[str, int]:
         rows = await self._reader.execute_fetchall(
@@ -739,11 +787,13 @@ def _lock_pending(
     now: datetime,
     locked: ev.Locked,
     with_log: bool,
+    pinned_digest: str | None = None,
 ) -> list[LockedExecution]:
+    pin = "pinned_digest IS NULL" if pinned_digest is None else "pinned_digest = ?"
     rows = conn.execute(
         f"SELECT execution_id, summary FROM executions WHERE ffqn IN ({','.join('?' * len(ffqns))}) "
-        "AND pending_at <= ? ORDER BY pending_at LIMIT ?",
-        (*ffqns, _us(now), batch_size),
+        f"AND pending_at <= ? AND {pin} ORDER BY pending_at LIMIT ?",
+        (*ffqns, _us(now), *([] if pinned_digest is None else [pinned_digest]), batch_size),
     ).fetchall()
     result: list[LockedExecution] = []
     blob = ev.encode(locked)
