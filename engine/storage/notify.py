@@ -64,6 +64,10 @@ class Notifier:
             if not waiters:
                 del self._result_waiters[execution_id]
 
+    def awaited_results(self) -> list[str]:
+        """The executions someone waits for the result of."""
+        return list(self._result_waiters)
+
     def finished(self, execution_id: str, result: ev.ExecutionResult) -> None:
         for fut in self._result_waiters.pop(execution_id, ()):
             if not fut.done():

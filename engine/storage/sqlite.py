@@ -185,6 +185,7 @@ class SqliteStorage:
         self._queue: asyncio.Queue[_Tx | None] = asyncio.Queue()  # None: stop
         self.notifier = Notifier()
         self._writer_task: asyncio.Task[None] | None = None
+        self._finished_poller: asyncio.Task[None] | None = None
         self._closed = False
         #: Counters for benchmarks: logical transactions and physical commits.
         self.stats = {"logical": 0, "commits": 0, "events": 0}
@@ -228,6 +229,10 @@ class SqliteStorage:
         if self._closed:
             return
         self._closed = True  # from now on `_write` refuses new transactions
+        if self._finished_poller is not None:
+            self._finished_poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._finished_poller
         task = self._writer_task
         if task is not None and not task.done():
             # Let the writer finish what was queued before the close, then stop: every
@@ -541,22 +546,51 @@ class SqliteStorage:
     async def wait_for_finished(
         self, execution_id: str, timeout: float | None = None
     ) -> ev.ExecutionResult:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            fut = self.notifier.result_future(execution_id)
+        fut = self.notifier.result_future(execution_id)
+        try:
+            s = await self.get_summary(execution_id)
+            if s.result is not None:
+                return s.result
+            self._ensure_finished_poller()
             try:
-                s = await self.get_summary(execution_id)
-                if s.result is not None:
-                    return s.result
-                # Other processes sharing the file do not notify us: re-check now and then.
-                wait = 1.0 if deadline is None else min(1.0, deadline - loop.time())
-                if wait <= 0:
-                    raise TimeoutError(f"execution {execution_id} did not finish in time")
-                with contextlib.suppress(TimeoutError):
-                    return await asyncio.wait_for(asyncio.shield(fut), wait)
-            finally:
-                self.notifier.drop_result_future(execution_id, fut)
+                return await asyncio.wait_for(fut, timeout)
+            except TimeoutError:
+                raise TimeoutError(f"execution {execution_id} did not finish in time") from None
+        finally:
+            self.notifier.drop_result_future(execution_id, fut)
+
+    #: Seconds between re-checks of awaited executions (for writers in other processes).
+    FINISHED_RECHECK_INTERVAL = 1.0
+
+    def _ensure_finished_poller(self) -> None:
+        if self._finished_poller is None or self._finished_poller.done():
+            self._finished_poller = asyncio.create_task(
+                self._poll_finished(), name="sqlite-finished-recheck"
+            )
+
+    async def _poll_finished(self) -> None:
+        """Other processes sharing the file do not notify us: while anyone waits for a
+        result, re-check all awaited executions now and then, in one query per chunk
+        (rather than one timer and one query per waiter)."""
+        while True:
+            await asyncio.sleep(self.FINISHED_RECHECK_INTERVAL)
+            ids = self.notifier.awaited_results()
+            if not ids:
+                return
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                try:
+                    rows = await self._reader.execute_fetchall(
+                        "SELECT execution_id, summary FROM executions WHERE state = 'finished' "
+                        f"AND execution_id IN ({','.join('?' * len(chunk))})",
+                        chunk,
+                    )
+                except (sqlite3.Error, ValueError):  # closing: waiters time out or are cancelled
+                    return
+                for execution_id, blob in rows:
+                    s = _summary_decoder.decode(blob)
+                    if s.result is not None:
+                        self.notifier.finished(execution_id, s.result)
 
     async def wait_for_response(
         self, execution_id: str, after_cursor: int, timeout: float

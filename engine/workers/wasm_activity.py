@@ -449,33 +449,62 @@ def _log_host_function(level: LogLevel) -> Callable[[Any, str], None]:
     return log
 
 
-def _call_func(func: wc.Func, store: wasmtime.Store, args: Sequence[Any]) -> Any:
-    """`Func.__call__` of wasmtime-py 50 without its process-global host-exception slot."""
-    fty = func.type(store)
-    param_tys = fty.params
-    result_ty = fty.result
+@dataclass(frozen=True, slots=True)
+class _ExportTypes:
+    """What a call of one exported function needs, looked up once per runner and FFQN.
+
+    Asking wasmtime-py for `func.type(store).params` / `.result` on every call costs a
+    dozen ctypes round trips and fresh type objects per run; types do not depend on the
+    store, so they are kept here along with the component-level export index.
+    """
+
+    index: Any  # wc.ExportIndex of the function, valid for every instance of the component
+    params: tuple[Any, ...]  # wasmtime-py ValTypes of the parameters
+    ok: Any  # ValType of the `ok` payload of the `result<…>` return type, or None
+    err: Any  # ValType of the `err` payload, or None
+
+
+def _call_func(
+    func: wc.Func, store: wasmtime.Store, args: Sequence[Any], types: _ExportTypes
+) -> tuple[bool, Any]:
+    """Call a function returning `result<…>`; `(is_ok, payload as lifted by wasmtime-py)`.
+
+    `Func.__call__` of wasmtime-py 50, without its process-global host-exception slot, and
+    with the `result` case read from the C value (not guessed from the payload's class).
+    """
+    param_tys = types.params
     if len(args) != len(param_tys):
         raise TypeError(f"expected {len(param_tys)} arguments, got {len(args)}")
     param_capi = (ffi.wasmtime_component_val_t * max(len(args), 1))()
     n = 0
     try:
-        for (_, ty), value in zip(param_tys, args, strict=True):
+        for ty, value in zip(param_tys, args, strict=True):
             ty.convert_to_c(store, value, ctypes.pointer(param_capi[n]))
             n += 1
-        result_space = None if result_ty is None else ffi.wasmtime_component_val_t()
+        result_space = ffi.wasmtime_component_val_t()
         error = ffi.wasmtime_component_func_call(
             ctypes.byref(func._func),
             store._context(),
             param_capi,
             n,
-            None if result_space is None else ctypes.byref(result_space),
-            0 if result_space is None else 1,
+            ctypes.byref(result_space),
+            1,
         )
         if error:
             raise WasmtimeError._from_ptr(error)
-        if result_ty is None or result_space is None:
-            return None
-        return result_ty.convert_from_c(result_space)
+        if result_space.kind != ffi.WASMTIME_COMPONENT_RESULT.value:
+            raise TypeError("the function did not return a result")
+        is_ok = bool(result_space.of.result.is_ok)
+        payload_ty = types.ok if is_ok else types.err
+        ptr = result_space.of.result.val
+        if payload_ty is None or not ptr:
+            return is_ok, None
+        # As wasmtime-py's `VariantLikeType._lift` does with a case payload.
+        payload = payload_ty.convert_from_c(ptr.contents)
+        ptr.contents.kind = ffi.WASMTIME_COMPONENT_BOOL
+        ptr.contents.of.boolean = False
+        ffi.wasmtime_component_val_delete(ptr)
+        return is_ok, payload
     finally:
         for i in range(n):
             ffi.wasmtime_component_val_delete(ctypes.byref(param_capi[i]))
@@ -528,6 +557,30 @@ class WasmActivityRunner:
         self.signatures = dict(signatures)
         self.engine = engine or engine_of(component)
         self._linker = self.engine.activity_linker()
+        self._export_types: dict[str, _ExportTypes | None] = {}
+
+    def _types(self, ffqn: str, instance: Any, store: wasmtime.Store) -> _ExportTypes | None:
+        """The cached export index and types of `ffqn` (None: not exported)."""
+        try:
+            return self._export_types[ffqn]
+        except KeyError:
+            pass
+        interface, _, function = ffqn.rpartition(".")
+        types = None
+        ifc_index = self.component.get_export_index(interface)
+        fn_index = (
+            None if ifc_index is None else self.component.get_export_index(function, ifc_index)
+        )
+        func = None if fn_index is None else instance.get_func(store, fn_index)
+        if func is not None:
+            fty = func.type(store)
+            result = fty.result
+            ok = err = None
+            if isinstance(result, wc.ResultType):
+                ok, err = result.ok, result.err
+            types = _ExportTypes(fn_index, tuple(t for _, t in fty.params), ok, err)
+        self._export_types[ffqn] = types  # benign race: every thread computes the same
+        return types
 
     def verify_instantiable(self, timeout: float = 5.0) -> None:
         """Instantiate once (imports satisfiable?) so a deployment fails early and clearly."""
@@ -562,7 +615,6 @@ class WasmActivityRunner:
         args = self._convert_params(signature, params_json)
         if isinstance(args, RunTrap):
             return args
-        interface, _, function = ffqn.rpartition(".")
 
         state = _RunState(log)
 
@@ -579,7 +631,8 @@ class WasmActivityRunner:
 
         store, interrupt = self.engine.new_store(check)
         wasi = wasmtime.WasiConfig()
-        wasi.env = [(k, v) for k, v in env_vars.items()]
+        if env_vars:
+            wasi.env = [(k, v) for k, v in env_vars.items()]
         wasi.stdout_custom = state.output_callback("stdout")
         wasi.stderr_custom = state.output_callback("stderr")
         store.set_wasi(wasi)
@@ -601,15 +654,12 @@ class WasmActivityRunner:
                 if isinstance(outcome, RunTrap):
                     return RunTrap(f"cannot instantiate: {_cause(str(e))}"[:300], str(e))
                 return outcome
-            ifc_index = instance.get_export_index(store, interface)
-            fn_index = (
-                None if ifc_index is None else instance.get_export_index(store, function, ifc_index)
-            )
-            func = None if fn_index is None else instance.get_func(store, fn_index)
-            if func is None:
+            types = self._types(ffqn, instance, store)
+            func = None if types is None else instance.get_func(store, types.index)
+            if func is None or types is None:
                 return RunTrap(f"function not exported by the component: {ffqn}")
             try:
-                raw = _call_func(func, store, args)
+                is_ok, raw = _call_func(func, store, args, types)
             except WasmtimeError as e:
                 return interrupted_or_trap(e)
             except (TypeError, ValueError) as e:  # wasmtime-py rejected a converted value
@@ -621,14 +671,19 @@ class WasmActivityRunner:
                 _post_return(func, store)
             except WasmtimeError as e:
                 return interrupted_or_trap(e)
+            case = "ok" if is_ok else "err"
+            payload_type = result_type.ok if is_ok else result_type.err
             try:
-                result = wasmtime_to_json(raw, result_type)
+                payload = (
+                    None
+                    if payload_type is None
+                    else wasmtime_to_json(raw, payload_type, f"result.{case}")
+                )
             except WitValueError as e:
                 return RunTrap(f"cannot read result: {e}", repr(raw))
-            if "ok" in result:
-                return RunOk(result["ok"])
-            err = result["err"]
-            return RunErr(err, permanent=_err_is_permanent(err, result_type.err))
+            if is_ok:
+                return RunOk(payload)
+            return RunErr(payload, permanent=_err_is_permanent(payload, result_type.err))
         finally:
             _ACTIVE.state = None
             state.flush_output(final=True)
