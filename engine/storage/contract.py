@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from engine.core import events as ev
 from engine.core.state import ExecutionSummary, PendingState
 from engine.workers.outcome import LogLine
+from engine.workflow.host_api import Frame
 
 
 class StorageError(Exception):
@@ -131,6 +132,30 @@ class AppendExtras:
     creates: list[CreateRequest] = field(default_factory=list)
     logs: list[LogLine] = field(default_factory=list)
     run_id: str | None = None
+    #: Guest stacks of appended history events: (index into the appended events, frames
+    #: innermost first). Stored deduplicated against the versions they get (SPEC §7.4).
+    backtraces: list[tuple[int, list[Frame]]] = field(default_factory=list)
+    #: The digest of the component whose code produced `backtraces`.
+    component_digest: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Backtrace:
+    """The guest stack of the host call that wrote an event, innermost frame first."""
+
+    backtrace_id: int
+    #: The component (code) that ran; its source is kept by `get_component_source`.
+    component_digest: str
+    frames: list[Frame]
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentSource:
+    """The source text of a loaded (JS) component, kept by digest for backtraces."""
+
+    digest: str
+    file: str
+    source: str
 
 
 class Storage(Protocol):
@@ -236,6 +261,26 @@ class Storage(Protocol):
     async def get_logs(
         self, execution_id: str, after_id: int = 0, limit: int = 1000
     ) -> list[StoredLog]: ...
+
+    # -- backtraces and component sources (SPEC §7.4) ----------------------------------
+    async def get_backtrace(self, execution_id: str, version: int) -> Backtrace | None:
+        """The backtrace stored for that event, None when it has none. NotFound for an
+        unknown execution."""
+
+    async def replace_backtraces(
+        self,
+        execution_id: str,
+        component_digest: str,
+        backtraces: Sequence[tuple[int, list[Frame]]],
+        below_version: int,
+    ) -> int:
+        """Replace the backtraces of the events below `below_version` with `backtraces`
+        (version, frames): the others lose theirs. Returns how many events got one."""
+
+    async def save_component_sources(self, sources: Sequence[ComponentSource]) -> None:
+        """Keep component sources by digest (a digest already kept is left as is)."""
+
+    async def get_component_source(self, digest: str) -> ComponentSource | None: ...
 
     # -- waiting ------------------------------------------------------------
     async def wait_for_finished(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import sqlite3
@@ -40,6 +41,8 @@ from engine.core.state import (
 )
 from engine.storage.contract import (
     AppendExtras,
+    Backtrace,
+    ComponentSource,
     Conflict,
     CreateRequest,
     ExecutionRow,
@@ -56,12 +59,13 @@ from engine.storage.contract import (
 )
 from engine.storage.notify import Notifier
 from engine.workers.outcome import LogLine
+from engine.workflow.host_api import Frame
 
 log = logging.getLogger("obelisk.storage")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MIGRATIONS: list[str] = [
     # 1: initial schema
@@ -131,10 +135,60 @@ MIGRATIONS: list[str] = [
     CREATE INDEX executions_pinned ON executions (pinned_digest)
         WHERE pinned_digest IS NOT NULL;
     """,
+    # 3: backtraces (deduplicated guest stacks, SPEC §7.4) and component sources
+    """
+    CREATE TABLE backtraces (
+        backtrace_id INTEGER PRIMARY KEY,
+        hash BLOB NOT NULL UNIQUE,   -- sha256 of the component digest and the frames
+        component_digest TEXT NOT NULL,
+        frames BLOB NOT NULL         -- JSON [{file, line, column, function}], innermost first
+    );
+
+    CREATE TABLE component_sources (
+        digest TEXT PRIMARY KEY,
+        file TEXT NOT NULL,
+        source TEXT NOT NULL
+    );
+    """,
 ]
 
 _summary_decoder = msgspec.json.Decoder(ExecutionSummary)
 _created_decoder = msgspec.json.Decoder(ev.Event)
+_frames_decoder = msgspec.json.Decoder(list[Frame])
+_frames_encoder = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class _PreparedBacktrace:
+    """A backtrace ready for the writer: `at` is an index into the appended events (append)
+    or a version (replace_backtraces)."""
+
+    at: int
+    key: bytes
+    component_digest: str
+    frames: bytes
+
+
+def _prepare_backtraces(
+    component_digest: str | None, backtraces: Sequence[tuple[int, list[Frame]]]
+) -> list[_PreparedBacktrace]:
+    """Encode and hash on the caller's side (the writer thread only runs SQL). Empty
+    stacks are left out; the same frames list object is encoded once."""
+    if not backtraces:
+        return []
+    digest = component_digest or ""
+    encoded: dict[int, tuple[bytes, bytes]] = {}
+    out: list[_PreparedBacktrace] = []
+    for at, frames in backtraces:
+        if not frames:
+            continue
+        pair = encoded.get(id(frames))
+        if pair is None:
+            blob = _frames_encoder.encode(frames)
+            key = hashlib.sha256(digest.encode() + b"\0" + blob).digest()
+            pair = encoded[id(frames)] = (key, blob)
+        out.append(_PreparedBacktrace(at, pair[0], digest, pair[1]))
+    return out
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -346,8 +400,13 @@ class SqliteStorage:
         extras: AppendExtras | None = None,
     ) -> ExecutionSummary:
         self.stats["events"] += len(events)
+        backtraces = (
+            _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
+        )
         return await self._write(
-            lambda c, n: _append(c, n, execution_id, expected_version, list(events), now, extras)
+            lambda c, n: _append(
+                c, n, execution_id, expected_version, list(events), now, extras, backtraces
+            )
         )
 
     async def append_response(
@@ -541,6 +600,50 @@ class SqliteStorage:
             (execution_id, after_id, limit),
         )
         return [StoredLog(i, e, r, _dt(t), lv, s, m) for i, e, r, t, lv, s, m in rows]
+
+    # -- backtraces and component sources ------------------------------------------------------
+    async def get_backtrace(self, execution_id: str, version: int) -> Backtrace | None:
+        rows = await self._reader.execute_fetchall(
+            "SELECT b.backtrace_id, b.component_digest, b.frames FROM events e "
+            "JOIN backtraces b ON b.backtrace_id = e.backtrace_id "
+            "WHERE e.execution_id = ? AND e.version = ?",
+            (execution_id, version),
+        )
+        for backtrace_id, digest, blob in rows:
+            return Backtrace(backtrace_id, digest, _frames_decoder.decode(blob))
+        await self.get_summary(execution_id)  # NotFound for an unknown execution
+        return None
+
+    async def replace_backtraces(
+        self,
+        execution_id: str,
+        component_digest: str,
+        backtraces: Sequence[tuple[int, list[Frame]]],
+        below_version: int,
+    ) -> int:
+        prepared = _prepare_backtraces(component_digest, backtraces)
+        return await self._write(
+            lambda c, n: _replace_backtraces(c, execution_id, prepared, below_version)
+        )
+
+    async def save_component_sources(self, sources: Sequence[ComponentSource]) -> None:
+        rows = [(s.digest, s.file, s.source) for s in sources]
+        if rows:
+            await self._write(
+                lambda c, n: c.executemany(
+                    "INSERT OR IGNORE INTO component_sources (digest, file, source) "
+                    "VALUES (?,?,?)",
+                    rows,
+                )
+            )
+
+    async def get_component_source(self, digest: str) -> ComponentSource | None:
+        rows = await self._reader.execute_fetchall(
+            "SELECT digest, file, source FROM component_sources WHERE digest = ?", (digest,)
+        )
+        for d, file, source in rows:
+            return ComponentSource(d, file, source)
+        return None
 
     # -- waiting -----------------------------------------------------------------------------
     async def wait_for_finished(
@@ -890,6 +993,7 @@ def _append(
     events: list[ev.Event],
     now: datetime,
     extras: AppendExtras | None,
+    backtraces: Sequence[_PreparedBacktrace] = (),
 ) -> ExecutionSummary:
     s = _load_summary(conn, execution_id)
     if s.next_version != expected_version:
@@ -898,15 +1002,17 @@ def _append(
             f"but the next version is {s.next_version}"
         )
     creates = {c.execution_id: c for c in (extras.creates if extras else [])}
+    backtrace_of = {bt.at: _backtrace_id(conn, bt) for bt in backtraces}
     t = _us(now)
-    for event in events:
+    for index, event in enumerate(events):
         try:
             s = apply_event(s, event, now)
         except IllegalAppend as e:
             raise Conflict(f"execution {execution_id}: {e}") from None
         conn.execute(
-            "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
-            (execution_id, s.next_version - 1, t, ev.encode(event)),
+            "INSERT INTO events (execution_id, version, created_at, event, backtrace_id) "
+            "VALUES (?,?,?,?,?)",
+            (execution_id, s.next_version - 1, t, ev.encode(event), backtrace_of.get(index)),
         )
         match event:
             case ev.HistoryEvent(event=ev.JoinSetRequest(join_set_id=js, request=req)):
@@ -952,6 +1058,43 @@ def _append(
     if extras and extras.logs:
         _insert_logs(conn, execution_id, extras.run_id, extras.logs, now)
     return s
+
+
+def _backtrace_id(conn: sqlite3.Connection, bt: _PreparedBacktrace) -> int:
+    """The id of the stored backtrace with these frames, inserted when new (dedup)."""
+    row = conn.execute("SELECT backtrace_id FROM backtraces WHERE hash = ?", (bt.key,)).fetchone()
+    if row is not None:
+        return int(row[0])
+    cursor = conn.execute(
+        "INSERT INTO backtraces (hash, component_digest, frames) VALUES (?,?,?)",
+        (bt.key, bt.component_digest, bt.frames),
+    )
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
+
+
+def _replace_backtraces(
+    conn: sqlite3.Connection,
+    execution_id: str,
+    backtraces: Sequence[_PreparedBacktrace],
+    below_version: int,
+) -> int:
+    _load_summary(conn, execution_id)  # NotFound
+    conn.execute(
+        "UPDATE events SET backtrace_id = NULL "
+        "WHERE execution_id = ? AND version < ? AND backtrace_id IS NOT NULL",
+        (execution_id, below_version),
+    )
+    count = 0
+    for bt in backtraces:
+        if bt.at >= below_version:
+            continue
+        cursor = conn.execute(
+            "UPDATE events SET backtrace_id = ? WHERE execution_id = ? AND version = ?",
+            (_backtrace_id(conn, bt), execution_id, bt.at),
+        )
+        count += cursor.rowcount
+    return count
 
 
 def _create_side(
