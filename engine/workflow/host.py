@@ -11,6 +11,7 @@ one transaction before the next blocking write).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -19,7 +20,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ulid import ULID
 
@@ -34,10 +35,12 @@ from engine.storage.contract import (
     Conflict,
     CreateRequest,
     LockedExecution,
+    NotFound,
     Storage,
     StorageError,
     VersionConflict,
 )
+from engine.wit.codec import WitValueError, validate_json
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import (
     AllProcessed,
@@ -64,6 +67,11 @@ MAX_BUFFERED = 200
 
 class Nondeterminism(Exception):
     """The code asked for something other than what its history recorded."""
+
+
+class _StaleView(Exception):
+    """An append was refused because responses arrived after the host looked (e.g. a
+    `join_next_try{pending}` written while a response came in): look again."""
 
 
 @dataclass(slots=True)
@@ -148,6 +156,9 @@ class ReplayHost:
         self.aborted: AbortReason | None = None
         self.failure: ev.ExecutionFailure | None = None
         self._interrupt = threading.Event()
+        self._waiting: concurrent.futures.Future[Any] | None = None
+        #: While set, `flush` raises `_StaleView` for an append the state machine refused.
+        self._stale_ok = False
         self.on_interrupt: list[Any] = []  # runtime callbacks (e.g. stop spinning JS)
 
     # ------------------------------------------------------------------------------
@@ -156,11 +167,28 @@ class ReplayHost:
     def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
+    def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        """`_sync` for a read that may wait long: `interrupt()` cancels it at once."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        self._waiting = fut
+        try:
+            if self.aborted is not None:
+                fut.cancel()
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            self._check()
+            raise
+        finally:
+            self._waiting = None
+
     def interrupt(self, kind: str, detail: str = "") -> None:
         """Stop the run from outside (cancellation, pause, shutdown). Thread-safe."""
         if self.aborted is None:
             self.aborted = AbortReason(kind, detail)
         self._interrupt.set()
+        waiting = self._waiting
+        if waiting is not None:
+            waiting.cancel()
         for callback in self.on_interrupt:
             callback()
 
@@ -172,6 +200,13 @@ class ReplayHost:
     def _check(self) -> None:
         if self.aborted is not None:
             raise RunAborted(self.aborted.kind)
+
+    def _enter(self) -> None:
+        """Start of a host call: stop if aborted; extend the lock when it is about to
+        expire (SPEC §6.2), also while replaying or buffering (nothing else writes then)."""
+        self._check()
+        if self.lock_expires_at - self.clock.now() < LOCK_EXTENSION_LEEWAY:
+            self.flush()
 
     def _nondeterminism(self, detail: str) -> RunAborted:
         self.failure = ev.ExecutionFailure(
@@ -219,13 +254,20 @@ class ReplayHost:
             self.flush()
 
     def flush(self, extra: list[ev.Event] | None = None) -> Any:
-        """Write buffered events (and `extra`) in one transaction; returns the summary."""
+        """Write buffered events (and `extra`) in one transaction, with a lock extension
+        first when the lock is about to expire; returns the summary (None: nothing to do).
+
+        While `_stale_ok` is set, an append refused by the state machine (not a version
+        conflict) raises `_StaleView` instead of aborting the run; nothing was written.
+        """
         events = self._buffer + (extra or [])
-        if not events:
+        now = self.clock.now()
+        expiring = self.lock_expires_at - now < LOCK_EXTENSION_LEEWAY
+        if not events and not expiring:
             return None
         self._check()
-        now = self.clock.now()
-        if self.lock_expires_at - now < LOCK_EXTENSION_LEEWAY:
+        lock_expires_at = self.lock_expires_at
+        if expiring:
             events.insert(0, self._extension(now))
         extras = AppendExtras(creates=self._creates, logs=self.logs, run_id=self.run_id)
         try:
@@ -235,6 +277,9 @@ class ReplayHost:
         except VersionConflict as e:
             raise self._abort("lock_lost", str(e)) from None
         except Conflict as e:
+            if self._stale_ok:
+                self.lock_expires_at = lock_expires_at
+                raise _StaleView(str(e)) from None
             raise self._abort("lock_lost", str(e)) from None
         self._buffer = []
         self._creates = []
@@ -260,7 +305,7 @@ class ReplayHost:
         return random.Random(f"{self.execution_id}/{self._persist_counter}")
 
     def _persist(self, kind: ev.PersistKind, generate: Any) -> Any:
-        self._check()
+        self._enter()
         rng = self._rng()
         recorded = self._match(
             ev.Persist(None, kind), lambda g: isinstance(g, ev.Persist) and g.kind == kind
@@ -318,7 +363,7 @@ class ReplayHost:
     # join sets
     # ------------------------------------------------------------------------------
     def _new_join_set(self, kind: str, name: str | None) -> str:
-        self._check()
+        self._enter()
         self._join_set_counter += 1
         k = self._join_set_counter
         if kind == "o":
@@ -353,7 +398,7 @@ class ReplayHost:
         return js
 
     def submit(self, join_set_id: str, ffqn: str, params: list[Any]) -> str:
-        self._check()
+        self._enter()
         js = self._open(join_set_id)
         try:
             _, component = self.registry.function(ffqn)
@@ -417,7 +462,7 @@ class ReplayHost:
         return _ms(self._delay_expiry[delay_id])
 
     def submit_delay(self, join_set_id: str, schedule_at: ScheduleAtArg) -> str:
-        self._check()
+        self._enter()
         return self._submit_delay(join_set_id, schedule_at)
 
     # -- responses -----------------------------------------------------------------
@@ -438,7 +483,7 @@ class ReplayHost:
 
     def _fetch_responses(self, timeout: float) -> None:
         self._add_responses(
-            self._sync(self.storage.wait_for_response(self.execution_id, self.max_cursor, timeout))
+            self._wait(self.storage.wait_for_response(self.execution_id, self.max_cursor, timeout))
         )
 
     def _answer(self, js: _JoinSet, stored: ev.StoredResponse) -> JoinNextAnswer:
@@ -459,7 +504,7 @@ class ReplayHost:
     def join_next(
         self, join_set_id: str, requested_ffqn: str | None = None, *, closing: bool = False
     ) -> JoinNextAnswer | AllProcessed | FunctionMismatch:
-        self._check()
+        self._enter()
         js = self.join_sets.get(join_set_id)
         if js is None:
             raise WorkflowCallError(f"unknown join set {join_set_id}")
@@ -523,16 +568,14 @@ class ReplayHost:
             remaining = (self.lock_expires_at - self.clock.now()).total_seconds()
             if remaining <= 0:
                 raise self._abort("unloaded", "lock expired while waiting for a response")
-            if self._interrupt.is_set():
-                self._check()
-            self._fetch_responses(min(remaining, 0.5))
+            self._fetch_responses(remaining)
         if blocked:
             # The response unblocked us: continue this warm run with a lock extension.
             self.flush([self._extension(self.clock.now())])
         return stored
 
     def join_next_try(self, join_set_id: str) -> JoinNextAnswer | Pending | AllProcessed:
-        self._check()
+        self._enter()
         js = self._open(join_set_id)
         version = self.history[self.cursor][0] if self.replaying else self.version
         got = self._match(
@@ -554,17 +597,31 @@ class ReplayHost:
             return AllProcessed()
         stored = self._take_response(join_set_id)
         if stored is None:
+            # Look at the database, with our buffered requests written first: an
+            # already-due delay is answered in the transaction that requests it.
+            self.flush()
             self._fetch_responses(0)
             stored = self._take_response(join_set_id)
         if stored is None:
-            self._record(ev.JoinNextTry(join_set_id, "pending"))
-            return Pending()
+            # `pending` is written at once: it is only legal while no response is there,
+            # and one may arrive any moment (then the append is refused: look again).
+            self._stale_ok = True
+            try:
+                self.flush([ev.HistoryEvent(ev.JoinNextTry(join_set_id, "pending"))])
+                return Pending()
+            except _StaleView:
+                self._fetch_responses(0)
+                stored = self._take_response(join_set_id)
+                if stored is None:
+                    raise self._abort("lock_lost", "join_next_try: the log moved on") from None
+            finally:
+                self._stale_ok = False
         self._record(ev.JoinNextTry(join_set_id, "found"))
         return self._answer(js, stored)
 
     def join_set_close(self, join_set_id: str) -> None:
         """Close: cancel what may be cancelled, await the rest (SPEC §7.3)."""
-        self._check()
+        self._enter()
         js = self.join_sets.get(join_set_id)
         if js is None:
             raise WorkflowCallError(f"unknown join set {join_set_id}")
@@ -642,7 +699,7 @@ class ReplayHost:
         return self._delay_expiry_ms(delay_id)
 
     def schedule(self, ffqn: str, params: list[Any], schedule_at: ScheduleAtArg) -> str:
-        self._check()
+        self._enter()
         try:
             _, component = self.registry.function(ffqn)
             checked = self.registry.validate_params(ffqn, params)
@@ -664,11 +721,16 @@ class ReplayHost:
         return new_id
 
     def stub(self, execution_id: str, result: dict[str, Any]) -> None:
-        self._check()
+        """Write the result of an `activity_stub` execution. The same result again is
+        fine (idempotent); another result is recorded as a conflict and raised, on every
+        replay too."""
+        self._enter()
         try:
             parsed = ev.result_from_json(result)
         except ValueError as e:
             raise WorkflowCallError(f"stub result: {e}") from None
+        if isinstance(parsed, ev.ExecutionFailure):
+            raise WorkflowCallError('stub result must be {"ok": value} or {"err": value}')
         digest = result_hash(result)
         want = ev.Stub(execution_id, digest, "written")
         recorded = self._match(
@@ -679,25 +741,48 @@ class ReplayHost:
                 and g.result_hash == digest
             ),
         )
-        if recorded is not None:
-            return
-        self.flush()
-        outcome = "written"
-        try:
-            s = self._sync(self.storage.get_summary(execution_id))
+        if recorded is None:
+            self.flush()  # the target may be a child requested in this very batch
+            outcome = self._write_stub(execution_id, parsed)
+            self._record(ev.Stub(execution_id, digest, outcome))
+        else:
+            assert isinstance(recorded, ev.Stub)
+            outcome = recorded.outcome
+        if outcome == "conflict":
+            raise WorkflowCallError(
+                f"cannot stub {execution_id}: it is already finished with another result"
+            )
+
+    def _write_stub(
+        self, execution_id: str, result: ev.ExecutionResult
+    ) -> Literal["written", "conflict"]:
+        for _ in range(10):
+            try:
+                s = self._sync(self.storage.get_summary(execution_id))
+            except NotFound:
+                raise WorkflowCallError(f"cannot stub {execution_id}: no such execution") from None
+            if s.component_type != "activity_stub":
+                raise WorkflowCallError(
+                    f"cannot stub {execution_id} ({s.ffqn}): it is not an activity_stub"
+                )
             if s.result is not None:
-                outcome = "written" if s.result == parsed else "conflict"
-            else:
+                return "written" if s.result == result else "conflict"
+            try:
+                info, _ = self.registry.function(s.ffqn)
+                if info.return_type is not None:
+                    validate_json(ev.result_to_json(result), info.return_type, "result")
+            except (UnknownFunction, WitValueError) as e:
+                raise WorkflowCallError(f"cannot stub {execution_id} ({s.ffqn}): {e}") from None
+            try:
                 self._sync(
                     self.storage.append(
-                        execution_id, s.next_version, [ev.Finished(parsed)], self.clock.now()
+                        execution_id, s.next_version, [ev.Finished(result)], self.clock.now()
                     )
                 )
-        except (Conflict, StorageError) as e:
-            raise WorkflowCallError(f"cannot stub {execution_id}: {e}") from None
-        self._record(ev.Stub(execution_id, digest, outcome))  # type: ignore[arg-type]
-        if outcome == "conflict":
-            raise WorkflowCallError(f"execution {execution_id} already has another result")
+                return "written"
+            except Conflict:
+                continue  # it changed meanwhile (finished by someone else?): look again
+        raise WorkflowCallError(f"cannot stub {execution_id}: it keeps changing")
 
     # ------------------------------------------------------------------------------
     # not history
