@@ -20,6 +20,7 @@ from engine.core.ids import ExecutionId, IdError, new_deployment_id
 from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
 from engine.executor import ActivityExecutor, BaseExecutor, TimersWatcher
+from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
 from engine.storage.contract import CreateRequest, Storage, VersionConflict
 from engine.storage.sqlite import SqliteStorage
 from engine.workflow.executor import WorkflowExecutor
@@ -50,6 +51,9 @@ class Engine:
         self.workflow_threads = ThreadPoolExecutor(max_workers=256, thread_name_prefix="obelisk-wf")
         self.executors: list[BaseExecutor] = []
         self.watcher = TimersWatcher(storage, clock)
+        self.run_executors = True
+        #: Hot reload of the deployment and workflow upgrades (SPEC §9.3).
+        self.reloader = ReloadManager(self, registry.deployment.path)
 
     # -- lifecycle ---------------------------------------------------------------------
     @classmethod
@@ -61,11 +65,13 @@ class Engine:
         clock: Clock | None = None,
         run_executors: bool = True,
         run_watcher: bool = True,
+        watch: bool = True,
     ) -> Engine:
         """Load the deployment, open the database, start executors and the watcher.
 
-        Raises DeploymentError / StorageError with a message naming the culprit; nothing
-        is started when anything fails.
+        With `watch`, the deployment TOML and its component files are watched and
+        reloaded on change (`engine.reload`). Raises DeploymentError / StorageError with
+        a message naming the culprit; nothing is started when anything fails.
         """
         from engine.workers.wasm_activity import WasmEngine
 
@@ -75,32 +81,49 @@ class Engine:
         registry = await load_registry(deployment, wasm_engine, data / "cache")
         storage = await SqliteStorage.open(data / "obelisk.sqlite")
         engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine)
+        engine.run_executors = run_executors
         if run_executors:
             engine._start_executors()
         if run_watcher:
             engine.watcher.start()
+        await engine.reloader.start(watch=watch)
         return engine
+
+    @property
+    def cache_dir(self) -> Path:
+        """Compiled components, by digest."""
+        return self.data_dir / "cache"
+
+    def make_executor(
+        self, component: LoadedComponent, registry: Registry, *, pinned: bool = False
+    ) -> BaseExecutor | None:
+        """A (not started) executor for `component`; None for components that get none.
+        `pinned`: an old workflow version that runs only the executions pinned to it."""
+        if component.config.type in _NOT_EXECUTED or component.runner is None:
+            return None
+        if component.config.is_workflow:
+            from engine.workflow.upgrade import PinnedWorkflowExecutor
+
+            cls = PinnedWorkflowExecutor if pinned else WorkflowExecutor
+            return cls(
+                self.storage,
+                component,
+                self.clock,
+                self.workflow_threads,
+                registry=registry,
+                deployment_id=self.deployment_id,
+            )
+        return ActivityExecutor(self.storage, component, self.clock, self.threads)
 
     def _start_executors(self) -> None:
         for component in self.registry.components:
-            if component.config.type in _NOT_EXECUTED or component.runner is None:
-                continue
-            executor: BaseExecutor
-            if component.config.is_workflow:
-                executor = WorkflowExecutor(
-                    self.storage,
-                    component,
-                    self.clock,
-                    self.workflow_threads,
-                    registry=self.registry,
-                    deployment_id=self.deployment_id,
-                )
-            else:
-                executor = ActivityExecutor(self.storage, component, self.clock, self.threads)
-            executor.start()
-            self.executors.append(executor)
+            executor = self.make_executor(component, self.registry)
+            if executor is not None:
+                executor.start()
+                self.executors.append(executor)
 
     async def stop(self) -> None:
+        await self.reloader.stop()
         await self.watcher.stop()
         await asyncio.gather(*(e.stop() for e in self.executors))
         self.executors.clear()
@@ -112,6 +135,19 @@ class Engine:
     @property
     def components(self) -> list[LoadedComponent]:
         return self.registry.components
+
+    # -- hot reload (SPEC §9.3) ----------------------------------------------------------
+    def reload_status(self) -> ReloadStatus:
+        """The last reload attempt (or the start): ok or the error, changes, upgrades."""
+        return self.reloader.status()
+
+    def reload_events(self) -> ReloadSubscription:
+        """Every later reload status, as an async iterator (subscribed from this call)."""
+        return self.reloader.subscribe()
+
+    async def reload(self) -> ReloadStatus:
+        """Reload the deployment now (the watcher does it on file changes)."""
+        return await self.reloader.reload("manual")
 
     # -- commands ------------------------------------------------------------------------
     async def submit(

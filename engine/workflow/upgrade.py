@@ -1,0 +1,328 @@
+"""Workflow upgrades (SPEC §9.3): may a running execution continue on a new version?
+
+When a deployment reload changes the code of a workflow component, every execution of
+it that has not finished is checked by replaying its log against the new code in a
+*dry run*: a `DryRunHost` answers the guest from the recorded history exactly like a
+real run, but never writes anything. The first call past the end of the history (or a
+wait for a response that has not arrived yet) means the new code reproduced everything
+the old one recorded: the upgrade is compatible. A mismatch, or history left over when
+the function returns, means it is not.
+
+The outcome is recorded as `component_upgrade_finished{digest, deployment_id, outcome}`.
+A compatible execution continues on the new code. An incompatible one is *pinned* (in
+the same transaction) to the component digest it was running on: executors of the
+current deployment never lock pinned executions; a `PinnedWorkflowExecutor`, kept alive
+with the old version's component, runs them to the end (see `engine.reload`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any, Literal, TypeVar, cast
+
+import msgspec
+
+from engine.components import LoadedComponent, Registry
+from engine.core import events as ev
+from engine.core.clock import Clock
+from engine.core.ids import new_run_id
+from engine.storage.contract import (
+    Conflict,
+    LockedExecution,
+    NotFound,
+    Storage,
+    UnfinishedExecution,
+    VersionConflict,
+)
+from engine.workflow.executor import WorkflowExecutor
+from engine.workflow.host import ReplayHost
+from engine.workflow.host_api import RunAborted
+
+log = logging.getLogger("obelisk.upgrade")
+T = TypeVar("T")
+
+#: A dry run may compute this long without a host call before it is given up.
+CHECK_SPIN_TIMEOUT = 5.0
+#: How many dry runs of one reload run at once (each holds a worker thread).
+CHECK_CONCURRENCY = 8
+
+
+class UpgradeResult(msgspec.Struct, frozen=True):
+    """What one execution's upgrade check decided (reload status, API, console)."""
+
+    execution_id: str
+    ffqn: str
+    #: The component digest it was running on before (None if unknown).
+    from_digest: str | None
+    to_digest: str
+    outcome: Literal["success", "failed"]
+    reason: str = ""
+    #: After a failure: the digest it stays on (the version that keeps running it).
+    pinned_digest: str | None = None
+
+
+class DryRunHost(ReplayHost):
+    """A `ReplayHost` that matches history and stops, writing nothing, where a real run
+    would start writing: `aborted.kind` is then "compatible". Nondeterminism sets
+    `failure` as usual."""
+
+    COMPATIBLE = "compatible"
+
+    def _next_recorded(self) -> tuple[int, ev.HistoryEventKind] | None:
+        if self.cursor >= len(self.history):
+            raise self._abort(self.COMPATIBLE, "the new code reached the end of the history")
+        return super()._next_recorded()
+
+    def _sync(self, coro: Coroutine[Any, Any, T], *args: Any, **kwargs: Any) -> T:
+        # Only a run past the end of its history talks to the storage.
+        coro.close()
+        raise self._abort(self.COMPATIBLE, "the new code went past the end of the history")
+
+    _wait = _sync  # waiting for responses: only past the end of the history too
+
+    def flush(self, extra: list[ev.Event] | None = None, *args: Any, **kwargs: Any) -> Any:
+        if self._buffer or extra:
+            raise self._abort(self.COMPATIBLE, "the new code writes new history")
+        return None
+
+    def _wait_response(self, join_set_id: str, *, blocked: bool) -> ev.StoredResponse:
+        stored = self._take_response(join_set_id)
+        if stored is not None:
+            return stored
+        if self.replaying:
+            version, got = self.history[self.cursor]
+            raise self._nondeterminism(
+                f"the code waits in {join_set_id} for a response that has not arrived, but "
+                f"the log continues at version {version} with {got.__struct_config__.tag}"
+            )
+        # Blocked where the old code was blocked: everything recorded was reproduced.
+        raise self._abort(self.COMPATIBLE, f"waits for a response in {join_set_id}")
+
+    def _cancel_member(self, member: str, js: Any) -> None:
+        raise self._abort(self.COMPATIBLE, "the new code closes a join set past the history")
+
+
+def check_compatible(runner: Any, host: DryRunHost, params: list[Any]) -> tuple[bool, str]:
+    """On a worker thread: replay against the new code. (compatible, reason if not)."""
+    from engine.workflow.js_runtime import WfAborted, WfTimedOut
+
+    try:
+        outcome = runner.run(host, params, spin_timeout=CHECK_SPIN_TIMEOUT)
+        if host.aborted is None and isinstance(outcome, WfTimedOut):
+            return False, (
+                f"the new code computed for more than {CHECK_SPIN_TIMEOUT:g} s without a "
+                "host call while replaying"
+            )
+        if host.aborted is None and isinstance(outcome, WfAborted):
+            return False, "the replay was interrupted"
+        if host.aborted is None:
+            # It returned (or threw): closing its join sets may still match history.
+            host.close_all()
+    except RunAborted:
+        pass
+    except Exception as e:  # a bug in a runtime or host: do not move the execution
+        log.exception("upgrade check of %s failed", host.execution_id)
+        return False, f"the replay failed: {e!r}"
+    if host.aborted is not None:
+        if host.aborted.kind == DryRunHost.COMPATIBLE:
+            return True, ""
+        if host.failure is not None:
+            return False, host.failure.detail or host.failure.reason
+        return False, f"the replay stopped: {host.aborted.kind} {host.aborted.detail}".strip()
+    leftover = host.leftover_history()
+    if leftover is not None:
+        return False, leftover
+    return True, ""
+
+
+def running_digest(events: Iterable[ev.StoredEvent]) -> str | None:
+    """The component digest an execution ran on last, according to its log: its
+    `created` or latest `locked`, or the target of a later successful upgrade."""
+    digest: str | None = None
+    for stored in events:
+        match stored.event:
+            case ev.Created(component_id=c) | ev.Locked(component_id=c):
+                digest = c.digest
+            case ev.ComponentUpgradeFinished(digest=d, outcome=ev.UpgradeSuccess()):
+                digest = d
+            case _:
+                pass
+    return digest
+
+
+def _last_upgrade(events: list[ev.StoredEvent]) -> ev.ComponentUpgradeFinished | None:
+    for stored in reversed(events):
+        if isinstance(stored.event, ev.ComponentUpgradeFinished):
+            return stored.event
+    return None
+
+
+class Upgrader:
+    """Checks executions against a new version and records the outcome."""
+
+    def __init__(self, storage: Storage, clock: Clock, threads: ThreadPoolExecutor) -> None:
+        self.storage = storage
+        self.clock = clock
+        self.threads = threads
+        self._limit = asyncio.Semaphore(CHECK_CONCURRENCY)
+
+    async def upgrade(
+        self,
+        execution: UnfinishedExecution,
+        target: LoadedComponent,
+        registry: Registry,
+        deployment_id: str,
+        previous_digest: str | None,
+    ) -> UpgradeResult | None:
+        """Move one execution to `target` (of the new `registry`) or pin it.
+
+        `previous_digest` is the version that ran it until now when it is not pinned
+        (None: take it from the log). None is returned when there is nothing to do:
+        finished or cancelling meanwhile, already on that version, or already known to
+        be incompatible with it."""
+        async with self._limit:
+            for _ in range(5):
+                try:
+                    return await self._upgrade_once(
+                        execution, target, registry, deployment_id, previous_digest
+                    )
+                except VersionConflict:
+                    continue  # it moved on while we replayed: check again
+                except NotFound:
+                    return None
+            log.warning("upgrade of %s: the execution keeps changing", execution.execution_id)
+            return None
+
+    async def _upgrade_once(
+        self,
+        execution: UnfinishedExecution,
+        target: LoadedComponent,
+        registry: Registry,
+        deployment_id: str,
+        previous_digest: str | None,
+    ) -> UpgradeResult | None:
+        eid = execution.execution_id
+        summary = await self.storage.get_summary(eid)
+        events = await self.storage.get_events(eid)
+        if summary.is_finished or summary.cancelling or not events:
+            return None  # a cancelling workflow runs no guest code any more (SPEC §8)
+        version = events[-1].version + 1
+        digest = target.component_id.digest
+        pinned = execution.pinned_digest
+        current = pinned or previous_digest or running_digest(events)
+        last = _last_upgrade(events)
+        if (
+            pinned is not None
+            and last is not None
+            and last.digest == digest
+            and isinstance(last.outcome, ev.UpgradeFailed)
+        ):
+            return None  # already found incompatible with this very version
+        if current == digest:
+            if pinned is None:
+                return None
+            ok, reason = True, ""  # the version it is pinned to is the deployed one again
+        else:
+            responses = await self.storage.get_responses(eid)
+            host = self._dry_run_host(eid, events, responses, summary, target, registry)
+            created = events[0].event
+            assert isinstance(created, ev.Created)
+            loop = asyncio.get_running_loop()
+            ok, reason = await loop.run_in_executor(
+                self.threads, check_compatible, target.runner, host, created.params
+            )
+        event = ev.ComponentUpgradeFinished(
+            digest, deployment_id, ev.UpgradeSuccess() if ok else ev.UpgradeFailed(reason)
+        )
+        pin = None if ok else current
+        try:
+            await self.storage.append_upgrade_finished(eid, version, event, pin, self.clock.now())
+        except VersionConflict:
+            raise
+        except Conflict:
+            return None  # finished meanwhile
+        return UpgradeResult(
+            eid, execution.ffqn, current, digest, "success" if ok else "failed", reason, pin
+        )
+
+    def _dry_run_host(
+        self,
+        eid: str,
+        events: list[ev.StoredEvent],
+        responses: list[ev.StoredResponse],
+        summary: Any,
+        target: LoadedComponent,
+        registry: Registry,
+    ) -> DryRunHost:
+        created = events[0].event
+        assert isinstance(created, ev.Created)
+        now = self.clock.now()
+        expires = now + timedelta(hours=1)  # never reached: nothing is locked or written
+        locked = LockedExecution(
+            execution_id=eid,
+            ffqn=created.ffqn,
+            params=created.params,
+            next_version=events[-1].version + 1,
+            run_id=new_run_id(),
+            lock_expires_at=expires,
+            parent=created.parent,
+            summary=summary,
+            events=events,
+            responses=responses,
+        )
+        cfg = target.config
+        return DryRunHost(
+            locked=locked,
+            storage=self.storage,
+            registry=registry,
+            clock=self.clock,
+            loop=asyncio.get_running_loop(),
+            component_id=target.component_id,
+            executor_id="Exr_upgrade-check",
+            deployment_id="",
+            lock_expiry=timedelta(milliseconds=cfg.exec.lock_expiry_ms),
+            strategy="await",
+        )
+
+
+class _PinnedLocking:
+    """The storage, except that `lock_pending` only takes executions pinned to one digest."""
+
+    def __init__(self, storage: Storage, digest: str) -> None:
+        self._storage = storage
+        self._digest = digest
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    async def lock_pending(self, **kwargs: Any) -> list[LockedExecution]:
+        kwargs["pinned_digest"] = self._digest
+        return await self._storage.lock_pending(**kwargs)
+
+
+class PinnedWorkflowExecutor(WorkflowExecutor):
+    """Runs an old version of a workflow component for the executions whose upgrade to
+    the deployed version failed (they are pinned to this digest)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pinned_digest = self.component.component_id.digest
+        self.storage = cast(Storage, _PinnedLocking(self.storage, self.pinned_digest))
+
+    @property
+    def name(self) -> str:
+        return f"{self.component.config.name}@{self.pinned_digest[:15]}"
+
+
+__all__ = [
+    "DryRunHost",
+    "PinnedWorkflowExecutor",
+    "UpgradeResult",
+    "Upgrader",
+    "check_compatible",
+    "running_digest",
+]

@@ -1,0 +1,497 @@
+"""Hot reload and workflow upgrades (SPEC §9.3) on a real engine with real files.
+
+Files are edited while the engine runs; the tests wait for the reload status published
+on `engine.reload_events()`, never for a fixed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from engine.core import events as ev
+from engine.core.state import ExecutionSummary
+from engine.engine import Engine
+from engine.errors import UnknownFunction
+from engine.reload import ReloadStatus
+from engine.storage.contract import CreateRequest, VersionConflict
+from engine.storage.sqlite import SqliteStorage
+from tests.engine.conftest import StartEngine
+
+GREET = "myapp:demo/activity.greet"
+OTHER = "myapp:demo/activity.other"
+ORDER = "myapp:demo/workflow.order"
+APPROVE = "myapp:demo/approval.approve"
+
+GREET_TOML = f"""
+[[activity_js]]
+name = "greet"
+location = "greet.js"
+ffqn = "{GREET}"
+params = [{{ name = "name", type = "string" }}]
+return_type = "result<string, string>"
+exec.tick_sleep.milliseconds = 20
+"""
+
+OTHER_TOML = f"""
+[[activity_js]]
+name = "other"
+location = "other.js"
+ffqn = "{OTHER}"
+params = []
+return_type = "result<string, string>"
+exec.tick_sleep.milliseconds = 20
+"""
+
+
+def greet_js(word: str) -> str:
+    return f'export default function greet(name) {{ return "{word} " + name; }}\n'
+
+
+def workflow_toml(strategy: str = "await") -> str:
+    return f"""
+[[activity_stub]]
+ffqn = "{APPROVE}"
+params = [{{ name = "order", type = "string" }}]
+return_type = "result<string, string>"
+
+[[workflow_js]]
+name = "order"
+location = "order.js"
+ffqn = "{ORDER}"
+params = [{{ name = "id", type = "string" }}]
+return_type = "result<string, string>"
+blocking_strategy = "{strategy}"
+exec.lock_expiry.seconds = 2
+exec.tick_sleep.milliseconds = 20
+"""
+
+
+ORDER_V1 = """
+import { approve } from "myapp:demo/approval";
+export default function order(id) {
+  const answer = approve(id);  // blocks until someone stubs the child
+  return "v1 " + answer;
+}
+"""
+
+# Compatible: the same history, a log line more and another result.
+ORDER_V2_COMPATIBLE = """
+import { approve } from "myapp:demo/approval";
+export default function order(id) {
+  console.log("running version 2");
+  const answer = approve(id);
+  return "v2 " + answer;
+}
+"""
+
+# Incompatible: the child is requested with other params.
+ORDER_V2_INCOMPATIBLE = """
+import { approve } from "myapp:demo/approval";
+export default function order(id) {
+  const answer = approve(id + "!");
+  return "v2 " + answer;
+}
+"""
+
+
+def write(path: Path, text: str) -> None:
+    path.write_text(textwrap.dedent(text))
+
+
+async def edit_and_wait(
+    engine: Engine,
+    path: Path,
+    text: str,
+    until: Callable[[ReloadStatus], bool],
+    timeout: float = 30.0,
+) -> ReloadStatus:
+    """Write `path` and wait for the first reload status satisfying `until`."""
+    with engine.reload_events() as events:
+        write(path, text)
+        return await events.wait_for(until, timeout)
+
+
+def changed(name: str) -> Callable[[ReloadStatus], bool]:
+    return lambda s: not s.ok or any(c.name == name for c in s.changes)
+
+
+async def wait_summary(
+    engine: Engine,
+    execution_id: str,
+    predicate: Callable[[ExecutionSummary], bool],
+    timeout: float = 30.0,
+) -> ExecutionSummary:
+    """Wait (on the storage's change feed) until the execution's summary satisfies it."""
+    feed = engine.storage.changes()
+    async with asyncio.timeout(timeout):
+        while True:
+            generation = feed.generation
+            summary = await engine.storage.get_summary(execution_id)
+            if predicate(summary):
+                return summary
+            await feed.wait_changed(generation, 0.5)
+
+
+async def blocked_child(engine: Engine, execution_id: str) -> str:
+    """Wait until the workflow waits for its stub child; return the child's id."""
+    await wait_summary(engine, execution_id, lambda s: s.state.__struct_config__.tag in (
+        "blocked_by_join_set", "pending_at") and s.join_set_count > 0 and any(
+        c.submitted > c.received for c in s.join_sets.values()))
+    events = await engine.storage.get_events(execution_id)
+    children = [
+        e.event.event.request.child_execution_id
+        for e in events
+        if isinstance(e.event, ev.HistoryEvent)
+        and isinstance(e.event.event, ev.JoinSetRequest)
+        and isinstance(e.event.event.request, ev.ChildExecutionRequest)
+    ]
+    assert len(children) == 1, children
+    return children[0]
+
+
+def upgrade_events(events: list[ev.StoredEvent]) -> list[ev.ComponentUpgradeFinished]:
+    return [e.event for e in events if isinstance(e.event, ev.ComponentUpgradeFinished)]
+
+
+# ---------------------------------------------------------------------------------------
+# Activities and the deployment file
+# ---------------------------------------------------------------------------------------
+
+
+async def test_start_status_and_subscription(start_engine: StartEngine, tmp_path: Path) -> None:
+    engine = await start_engine(GREET_TOML, files={"greet.js": greet_js("hello")})
+    status = engine.reload_status()
+    assert status.ok and status.trigger == "start" and status.generation == 0
+    assert status.deployment_id == engine.deployment_id
+    assert status.to_json()["deployment_path"] == str((tmp_path / "deployment.toml").resolve())
+    manual = await engine.reload()  # nothing changed: still reported
+    assert manual.ok and manual.changes == [] and manual.generation == 1
+    assert engine.reload_status() == manual
+
+
+async def test_edited_js_activity_runs_the_new_code(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(GREET_TOML, files={"greet.js": greet_js("hello")})
+    eid = await engine.submit(GREET, ["ann"])
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("hello ann")
+    old_digest = engine.registry.function(GREET)[1].component_id.digest
+    old_deployment = engine.deployment_id
+
+    status = await edit_and_wait(engine, tmp_path / "greet.js", greet_js("hi"), changed("greet"))
+    assert status.ok, status.error
+    assert status.trigger == "watch"
+    assert str(tmp_path / "greet.js") in status.changed_paths
+    [change] = status.changes
+    assert (change.type, change.change, change.old_digest) == ("activity_js", "changed", old_digest)
+    assert change.new_digest == engine.registry.function(GREET)[1].component_id.digest
+    assert change.new_digest != old_digest
+    assert status.deployment_id == engine.deployment_id != old_deployment
+
+    eid = await engine.submit(GREET, ["bob"])
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("hi bob")
+    created = await engine.storage.get_created(eid)
+    assert created.component_id.digest == change.new_digest
+    assert created.deployment_id == engine.deployment_id
+    # One executor for the component, the new one.
+    assert [e.component.component_id.digest for e in engine.executors] == [change.new_digest]
+
+
+async def test_broken_edit_is_reported_and_the_old_version_keeps_running(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(GREET_TOML, files={"greet.js": greet_js("hello")})
+    before = engine.registry
+    status = await edit_and_wait(
+        engine,
+        tmp_path / "greet.js",
+        'export default function greet(name) { return "oops" + ; }\n',
+        lambda s: s.generation > 0,
+    )
+    assert not status.ok
+    assert status.error is not None
+    assert str(tmp_path / "deployment.toml") in status.error and "greet" in status.error
+    assert engine.reload_status() == status
+    assert engine.registry is before
+    eid = await engine.submit(GREET, ["ann"])
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("hello ann")
+
+    # Fixed again: the reload succeeds and the new code runs.
+    status = await edit_and_wait(engine, tmp_path / "greet.js", greet_js("hey"), changed("greet"))
+    assert status.ok, status.error
+    eid = await engine.submit(GREET, ["ann"])
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("hey ann")
+
+
+async def test_deployment_errors_keep_the_previous_deployment(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(GREET_TOML, files={"greet.js": greet_js("hello")})
+    toml = tmp_path / "deployment.toml"
+    cases = {
+        "malformed TOML": (GREET_TOML + "[[activity_js]\n", "malformed TOML"),
+        "missing file": (GREET_TOML + OTHER_TOML, "other.js"),
+        "duplicate FFQN": (
+            GREET_TOML + OTHER_TOML.replace(OTHER, GREET).replace("other.js", "greet.js"),
+            f"exports {GREET}",
+        ),
+    }
+    for case, (text, expected) in cases.items():
+        status = await edit_and_wait(engine, toml, text, lambda s: s.generation > 0)
+        assert not status.ok, case
+        assert status.error is not None and expected in status.error, (case, status.error)
+        assert str(toml) in status.error, case
+        eid = await engine.submit(GREET, ["ann"])
+        assert await engine.result(eid, timeout=10) == ev.ResultOk("hello ann"), case
+
+
+async def test_a_component_added_to_the_toml_becomes_submittable(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(GREET_TOML, files={"greet.js": greet_js("hello")})
+    with pytest.raises(UnknownFunction):
+        await engine.submit(OTHER, [])
+    greet_component = engine.registry.function(GREET)[1]
+    greet_executor = next(e for e in engine.executors if e.component is greet_component)
+
+    write(tmp_path / "other.js", 'export default function other() { return "other"; }\n')
+    status = await edit_and_wait(
+        engine, tmp_path / "deployment.toml", GREET_TOML + OTHER_TOML, changed("other")
+    )
+    assert status.ok, status.error
+    assert [(c.name, c.change) for c in status.changes] == [("other", "added")]
+    eid = await engine.submit(OTHER, [])
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("other")
+    # The unchanged component was neither reloaded nor restarted.
+    assert engine.registry.function(GREET)[1] is greet_component
+    assert greet_executor in engine.executors
+
+    # The new file is watched from now on.
+    status = await edit_and_wait(
+        engine,
+        tmp_path / "other.js",
+        'export default function other() { return "other 2"; }\n',
+        changed("other"),
+    )
+    assert status.ok, status.error
+    eid = await engine.submit(OTHER, [])
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("other 2")
+
+    # Removed again: its FFQN is gone, its executor stopped.
+    status = await edit_and_wait(
+        engine, tmp_path / "deployment.toml", GREET_TOML, changed("other")
+    )
+    assert [(c.name, c.change) for c in status.changes] == [("other", "removed")]
+    with pytest.raises(UnknownFunction):
+        await engine.submit(OTHER, [])
+    assert [e.component for e in engine.executors] == [greet_component]
+
+
+# ---------------------------------------------------------------------------------------
+# Workflow upgrades
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["await", "interrupt"])
+async def test_compatible_workflow_upgrade_continues_on_the_new_code(
+    start_engine: StartEngine, tmp_path: Path, strategy: str
+) -> None:
+    engine = await start_engine(workflow_toml(strategy), files={"order.js": ORDER_V1})
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+
+    status = await edit_and_wait(
+        engine, tmp_path / "order.js", ORDER_V2_COMPATIBLE, changed("order")
+    )
+    assert status.ok, status.error
+    new_digest = engine.registry.function(ORDER)[1].component_id.digest
+    [upgrade] = status.upgrades
+    assert (upgrade.execution_id, upgrade.outcome, upgrade.to_digest) == (
+        eid,
+        "success",
+        new_digest,
+    )
+    assert upgrade.pinned_digest is None
+    [event] = upgrade_events(await engine.storage.get_events(eid))
+    assert event == ev.ComponentUpgradeFinished(
+        new_digest, status.deployment_id, ev.UpgradeSuccess()
+    )
+
+    await engine.stub(child, {"ok": "yes"})
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("v2 yes")
+    logs = await engine.storage.get_logs(eid)
+    assert any("running version 2" in line.message for line in logs)
+    assert engine.reloader.pinned_executors == {}
+
+
+@pytest.mark.parametrize("strategy", ["await", "interrupt"])
+async def test_incompatible_workflow_upgrade_finishes_on_the_old_code(
+    start_engine: StartEngine, tmp_path: Path, strategy: str
+) -> None:
+    engine = await start_engine(workflow_toml(strategy), files={"order.js": ORDER_V1})
+    old_digest = engine.registry.function(ORDER)[1].component_id.digest
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+
+    status = await edit_and_wait(
+        engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order")
+    )
+    assert status.ok, status.error
+    new_digest = engine.registry.function(ORDER)[1].component_id.digest
+    [upgrade] = status.upgrades
+    assert (upgrade.execution_id, upgrade.outcome) == (eid, "failed")
+    assert (upgrade.from_digest, upgrade.to_digest, upgrade.pinned_digest) == (
+        old_digest,
+        new_digest,
+        old_digest,
+    )
+    assert "o-1!" in upgrade.reason and "version" in upgrade.reason
+    [event] = upgrade_events(await engine.storage.get_events(eid))
+    assert event.digest == new_digest
+    assert event.outcome == ev.UpgradeFailed(upgrade.reason)
+    assert [(p.digest, p.executions, p.running) for p in status.pinned] == [
+        (old_digest, 1, True)
+    ]
+    assert set(engine.reloader.pinned_executors) == {old_digest}
+
+    # New executions run the new code meanwhile.
+    fresh = await engine.submit(ORDER, ["o-2"])
+    fresh_child = await blocked_child(engine, fresh)
+    assert fresh_child.startswith(fresh)
+    fresh_events = await engine.storage.get_events(fresh)
+    assert any(
+        isinstance(e.event, ev.HistoryEvent)
+        and isinstance(e.event.event, ev.JoinSetRequest)
+        and isinstance(e.event.event.request, ev.ChildExecutionRequest)
+        and e.event.event.request.params == ["o-2!"]
+        for e in fresh_events
+    )
+
+    # The old execution finishes on the old code.
+    await engine.stub(child, {"ok": "yes"})
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
+    locks = [e.event for e in await engine.storage.get_events(eid) if isinstance(e.event, ev.Locked)]
+    assert locks[-1].component_id.digest == old_digest
+    await engine.stub(fresh_child, {"ok": "no"})
+    assert await engine.result(fresh, timeout=10) == ev.ResultOk("v2 no")
+
+    # The old version is retired once nothing is pinned to it.
+    async with asyncio.timeout(10):
+        while engine.reloader.pinned_executors:
+            await asyncio.sleep(0.05)
+    assert all(e.component.component_id.digest != old_digest for e in engine.executors)
+
+
+async def test_reverting_to_the_pinned_version_unpins(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(workflow_toml(), files={"order.js": ORDER_V1})
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+    status = await edit_and_wait(
+        engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order")
+    )
+    assert [u.outcome for u in status.upgrades] == ["failed"]
+    status = await edit_and_wait(engine, tmp_path / "order.js", ORDER_V1, changed("order"))
+    assert status.ok, status.error
+    [upgrade] = status.upgrades
+    assert (upgrade.execution_id, upgrade.outcome, upgrade.pinned_digest) == (eid, "success", None)
+    assert [type(e.outcome) for e in upgrade_events(await engine.storage.get_events(eid))] == [
+        ev.UpgradeFailed,
+        ev.UpgradeSuccess,
+    ]
+    await engine.stub(child, {"ok": "yes"})
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
+
+
+async def test_pinned_execution_waits_after_a_restart_without_its_version(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(workflow_toml("interrupt"), files={"order.js": ORDER_V1})
+    old_digest = engine.registry.function(ORDER)[1].component_id.digest
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+    await edit_and_wait(engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order"))
+    await engine.stop()
+
+    # Restarted with version 2 only: the execution is reported and not run.
+    again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
+    try:
+        status = again.reload_status()
+        assert status.upgrades == []  # already known to be incompatible with version 2
+        assert [(p.digest, p.executions, p.running) for p in status.pinned] == [
+            (old_digest, 1, False)
+        ]
+        await again.stub(child, {"ok": "yes"})
+        with pytest.raises(TimeoutError):
+            await again.result(eid, timeout=0.5)
+    finally:
+        await again.stop()
+
+    # Version 1 deployed again: the execution is unpinned at start and finishes.
+    write(tmp_path / "order.js", ORDER_V1)
+    again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
+    try:
+        [upgrade] = again.reload_status().upgrades
+        assert (upgrade.execution_id, upgrade.outcome) == (eid, "success")
+        assert await again.result(eid, timeout=10) == ev.ResultOk("v1 yes")
+    finally:
+        await again.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# Storage: pins
+# ---------------------------------------------------------------------------------------
+
+
+async def test_storage_pins_executions_to_a_digest(tmp_path: Path) -> None:
+    storage = await SqliteStorage.open(tmp_path / "obelisk.sqlite")
+    try:
+        now = datetime(2025, 1, 1, tzinfo=UTC)
+        component = ev.ComponentId("workflow_js", "order", "sha256:" + "1" * 64)
+        for eid in ("E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC", "E_01JKX3M7V9Q2R8T5W0Y4Z6A1BD"):
+            created = ev.Created(ORDER, ["x"], now, component, "Dep_1")
+            await storage.create(CreateRequest(eid, created), now)
+        pinned_id = "E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC"
+        failed = ev.ComponentUpgradeFinished("sha256:" + "2" * 64, "Dep_2", ev.UpgradeFailed("x"))
+        with pytest.raises(VersionConflict):
+            await storage.append_upgrade_finished(pinned_id, 5, failed, component.digest, now)
+        await storage.append_upgrade_finished(pinned_id, 1, failed, component.digest, now)
+        rows = await storage.unfinished_executions([ORDER])
+        assert {(r.execution_id, r.pinned_digest) for r in rows} == {
+            (pinned_id, component.digest),
+            ("E_01JKX3M7V9Q2R8T5W0Y4Z6A1BD", None),
+        }
+        assert [r.execution_id for r in await storage.unfinished_executions(pinned_only=True)] == [
+            pinned_id
+        ]
+
+        async def lock(pinned_digest: str | None) -> list[str]:
+            locked = await storage.lock_pending(
+                ffqns=[ORDER],
+                batch_size=10,
+                now=now,
+                component_id=component,
+                executor_id="Exr_1",
+                run_id="Run_1",
+                lock_expires_at=now + timedelta(seconds=1),
+                retry_config=ev.RetryConfig(None, 100),
+                pinned_digest=pinned_digest,
+            )
+            return [x.execution_id for x in locked]
+
+        assert await lock(None) == ["E_01JKX3M7V9Q2R8T5W0Y4Z6A1BD"]
+        assert await lock("sha256:" + "9" * 64) == []
+        assert await lock(component.digest) == [pinned_id]
+        # A success unpins (allowed while locked: it changes no state).
+        ok = ev.ComponentUpgradeFinished("sha256:" + "2" * 64, "Dep_3", ev.UpgradeSuccess())
+        await storage.append_upgrade_finished(pinned_id, 3, ok, None, now)
+        assert await storage.unfinished_executions(pinned_only=True) == []
+    finally:
+        await storage.close()
