@@ -87,6 +87,7 @@ def make_app(engine: Engine, token: str | None) -> web.Application:
     app.router.add_put("/v1/executions/{execution_id}/cancel", _cancel)
     app.router.add_put("/v1/executions/{execution_id}/stub", _stub)
     app.router.add_get("/v1/components", _components)
+    app.router.add_get("/v1/deployment", _deployment)
     return app
 
 
@@ -461,6 +462,18 @@ async def _components(request: web.Request) -> web.Response:
     return _json(component_infos(request.app[ENGINE_KEY]))
 
 
+async def _deployment(request: web.Request) -> web.Response:
+    """The deployment in force and the outcome of the last reload (SPEC §9.3)."""
+    engine = request.app[ENGINE_KEY]
+    return _json(
+        {
+            "deployment_id": engine.deployment_id,
+            "components": component_infos(engine),
+            "reload": engine.reload_status().to_json(),
+        }
+    )
+
+
 async def _openapi(request: web.Request) -> web.Response:
     return _json(openapi_document(auth=request.app[TOKEN_KEY] is not None))
 
@@ -663,6 +676,38 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
             },
         },
     }
+    schemas["Deployment"] = {
+        "type": "object",
+        "required": ["deployment_id", "components", "reload"],
+        "properties": {
+            "deployment_id": {"type": "string"},
+            "components": _array_of("Component"),
+            "reload": {
+                "type": "object",
+                "description": "The start or the last reload attempt: `ok`, the whole "
+                "`error` (the previous deployment stays in force), `changes` per component "
+                "(added/removed/changed/reconfigured with digests), workflow `upgrades` "
+                "(execution_id, from/to digest, outcome success|failed, reason) and "
+                "`pinned` old versions that unfinished executions stay on",
+                "required": ["generation", "at", "trigger", "ok", "error", "deployment_id",
+                             "changes", "upgrades", "pinned"],
+                "properties": {
+                    "generation": {"type": "integer"},
+                    "at": timestamp,
+                    "trigger": {"enum": ["start", "watch", "manual"]},
+                    "ok": {"type": "boolean"},
+                    "error": {"type": ["string", "null"]},
+                    "deployment_id": {"type": "string"},
+                    "deployment_path": {"type": "string"},
+                    "changed_paths": {"type": "array", "items": {"type": "string"}},
+                    "changes": {"type": "array", "items": {"type": "object"}},
+                    "upgrades": {"type": "array", "items": {"type": "object"}},
+                    "pinned": {"type": "array", "items": {"type": "object"}},
+                    "duration_ms": {"type": "number"},
+                },
+            },
+        },
+    }
     paths: dict[str, Any] = {
         "/v1/executions": {
             "get": {
@@ -770,6 +815,12 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
             "get": {
                 "summary": "Deployed components and their exported functions",
                 "responses": {**_ok("Components", _array_of("Component")), **_errors()},
+            }
+        },
+        "/v1/deployment": {
+            "get": {
+                "summary": "The deployment in force and the outcome of its last hot reload",
+                "responses": {**_ok("Deployment", _ref("Deployment")), **_errors()},
             }
         },
         "/openapi.json": {

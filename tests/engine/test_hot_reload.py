@@ -13,12 +13,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from engine.core import events as ev
 from engine.core.state import ExecutionSummary
 from engine.engine import Engine
 from engine.errors import UnknownFunction
 from engine.reload import ReloadStatus
+from engine.server.api import make_app
 from engine.storage.contract import CreateRequest, VersionConflict
 from engine.storage.sqlite import SqliteStorage
 from tests.engine.conftest import StartEngine
@@ -291,6 +293,42 @@ async def test_a_component_added_to_the_toml_becomes_submittable(
     with pytest.raises(UnknownFunction):
         await engine.submit(OTHER, [])
     assert [e.component for e in engine.executors] == [greet_component]
+
+
+async def test_api_deployment_reports_the_last_reload(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(GREET_TOML, files={"greet.js": greet_js("hello")})
+    async with TestClient(TestServer(make_app(engine, None))) as client:
+        response = await client.get("/v1/deployment")
+        assert response.status == 200
+        body = await response.json()
+        assert body["deployment_id"] == engine.deployment_id
+        assert [c["name"] for c in body["components"]] == ["greet"]
+        assert body["reload"]["ok"] is True and body["reload"]["trigger"] == "start"
+
+        status = await edit_and_wait(
+            engine, tmp_path / "greet.js", "export default function (", lambda s: s.generation > 0
+        )
+        body = await (await client.get("/v1/deployment")).json()
+        assert body["reload"]["ok"] is False
+        assert body["reload"]["error"] == status.error
+        assert body["reload"]["generation"] == 1
+
+        status = await edit_and_wait(
+            engine, tmp_path / "greet.js", greet_js("hi"), changed("greet")
+        )
+        body = await (await client.get("/v1/deployment")).json()
+        assert body["reload"]["ok"] is True
+        [change] = body["reload"]["changes"]
+        assert change == {
+            "type": "activity_js",
+            "name": "greet",
+            "change": "changed",
+            "old_digest": status.changes[0].old_digest,
+            "new_digest": body["components"][0]["digest"],
+        }
+        assert "/v1/deployment" in (await (await client.get("/openapi.json")).json())["paths"]
 
 
 # ---------------------------------------------------------------------------------------
