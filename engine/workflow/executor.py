@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.components import Registry
 from engine.core import events as ev
+from engine.core.state import on_temporary_failure
 from engine.executor import BaseExecutor, _ok_type
 from engine.storage.contract import Conflict, LockedExecution
 from engine.wit.codec import WitValueError, validate_json
@@ -91,10 +92,31 @@ class WorkflowExecutor(BaseExecutor):
         from engine.workflow.js_runtime import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
 
         runner = self.component.runner
-        outcome = runner.run(host, locked.params)
+        # A guest computing without host calls for as long as a lock lasts is stopped
+        # (SPEC §6.2): host calls extend the lock, spinning does not.
+        spin_timeout = self.component.config.exec.lock_expiry_ms / 1000
+        outcome = runner.run(host, locked.params, spin_timeout=spin_timeout)
         try:
             if host.aborted is not None or isinstance(outcome, WfAborted):
                 self._finish_aborted(host)
+                return
+            if isinstance(outcome, WfTimedOut):
+                # A timeout, not a result: retried (workflows forever, SPEC §5.2) by a new
+                # run that replays; the join sets stay open for it.
+                now = self.clock.now()
+                reason = f"computed for {spin_timeout:g} s without a host call"
+                host.flush(
+                    [
+                        on_temporary_failure(
+                            locked.summary,
+                            now,
+                            "timed out",
+                            reason,
+                            ev.ExecutionFailure("timed_out", reason),
+                            timed_out=True,
+                        )
+                    ]
+                )
                 return
             # A child never outlives its parent: close what is still open (SPEC §7.3).
             host.close_all()
@@ -113,9 +135,6 @@ class WorkflowExecutor(BaseExecutor):
                     result = ev.ResultErr(value)
                 case WfTrap(reason=reason, detail=detail):
                     result = ev.ExecutionFailure("uncategorized", reason, detail)
-                case WfTimedOut():
-                    # Spinning without host calls: retried like a timeout (workflows forever).
-                    result = ev.ExecutionFailure("timed_out", "workflow spun without host calls")
                 case _:
                     result = ev.ExecutionFailure("uncategorized", f"unexpected outcome {outcome!r}")
             host.flush([ev.Finished(result)])

@@ -153,6 +153,8 @@ class ReplayHost:
         self._creates: list[CreateRequest] = []
         self.logs: list[LogLine] = []
         self.stack: list[Frame] = []
+        #: The guest stack of each buffered event's call (backtraces, SPEC §7.4).
+        self._buffer_stacks: list[list[Frame]] = []
         self.aborted: AbortReason | None = None
         self.failure: ev.ExecutionFailure | None = None
         self._interrupt = threading.Event()
@@ -248,6 +250,7 @@ class ReplayHost:
         self, event: ev.HistoryEventKind, creates: list[CreateRequest] | None = None
     ) -> None:
         self._buffer.append(ev.HistoryEvent(event))
+        self._buffer_stacks.append(self.stack)
         if creates:
             self._creates.extend(creates)
         if self.strategy != "await" or len(self._buffer) >= MAX_BUFFERED:
@@ -267,9 +270,21 @@ class ReplayHost:
             return None
         self._check()
         lock_expires_at = self.lock_expires_at
+        # Backtraces (SPEC §7.4): buffered events keep the stack of the call that made
+        # them; history events in `extra` are written by the call in progress.
+        stacks = self._buffer_stacks + [
+            self.stack if isinstance(e, ev.HistoryEvent) else [] for e in extra or ()
+        ]
         if expiring:
             events.insert(0, self._extension(now))
-        extras = AppendExtras(creates=self._creates, logs=self.logs, run_id=self.run_id)
+            stacks.insert(0, [])
+        extras = AppendExtras(
+            creates=self._creates,
+            logs=self.logs,
+            run_id=self.run_id,
+            backtraces=[(i, frames) for i, frames in enumerate(stacks) if frames],
+            component_digest=self.component_id.digest,
+        )
         try:
             summary = self._sync(
                 self.storage.append(self.execution_id, self.version, events, now, extras)
@@ -282,6 +297,7 @@ class ReplayHost:
                 raise _StaleView(str(e)) from None
             raise self._abort("lock_lost", str(e)) from None
         self._buffer = []
+        self._buffer_stacks = []
         self._creates = []
         self.logs = []
         self.version = summary.next_version
@@ -636,20 +652,24 @@ class ReplayHost:
             self.join_next(js.id, None, closing=True)
 
     def _cancel_member(self, member: str, js: _JoinSet) -> None:
+        ffqn = js.member_ffqn.get(member)
+        if ffqn is not None and not (
+            ffqn.rsplit(".", 1)[-1].endswith("-cancellable") or not self._is_workflow(ffqn)
+        ):
+            return  # a child workflow that is not cancellable: awaited
+        # The request must be in the log before its cancellation (and `now` read after
+        # that write: a response is never older than the request it answers).
+        self.flush()
         now = self.clock.now()
         try:
-            if js.member_ffqn.get(member) is None:
-                self.flush()
+            if ffqn is None:
                 self._sync(
                     self.storage.append_response(
                         self.execution_id, ev.DelayFinished(member, js.id, "cancelled"), now
                     )
                 )
             else:
-                ffqn = js.member_ffqn[member] or ""
-                if ffqn.rsplit(".", 1)[-1].endswith("-cancellable") or not self._is_workflow(ffqn):
-                    self.flush()
-                    self._sync(self.storage.request_cancellation(member, now))
+                self._sync(self.storage.request_cancellation(member, now))
         except (Conflict, StorageError):
             pass  # already finished or already answered: fine
 
@@ -662,6 +682,7 @@ class ReplayHost:
 
     def close_all(self) -> None:
         """Implicit close of every open join set when the function returns or traps."""
+        self.stack = []  # no guest call writes these: they get no backtrace
         for js_id in reversed(list(self.join_sets)):
             js = self.join_sets[js_id]
             if not js.closed or self._unprocessed(js) > 0:
@@ -721,9 +742,10 @@ class ReplayHost:
         return new_id
 
     def stub(self, execution_id: str, result: dict[str, Any]) -> None:
-        """Write the result of an `activity_stub` execution. The same result again is
-        fine (idempotent); another result is recorded as a conflict and raised, on every
-        replay too."""
+        """Write the result of an `activity_stub` child (SPEC §7.2). The same result again
+        is fine (idempotent); another result is recorded as a conflict and raised, on
+        every replay too. Misuse (not a stub child, a result of the wrong type) is checked
+        before the history is consulted, so it is raised identically on replay."""
         self._enter()
         try:
             parsed = ev.result_from_json(result)
@@ -731,6 +753,22 @@ class ReplayHost:
             raise WorkflowCallError(f"stub result: {e}") from None
         if isinstance(parsed, ev.ExecutionFailure):
             raise WorkflowCallError('stub result must be {"ok": value} or {"err": value}')
+        member = next((js for js in self.join_sets.values() if execution_id in js.members), None)
+        ffqn = member.member_ffqn.get(execution_id) if member is not None else None
+        if ffqn is None:
+            raise WorkflowCallError(
+                f"cannot stub {execution_id}: it is not a child execution of this workflow"
+            )
+        try:
+            info, _ = self.registry.function(ffqn)
+            if info.component_type != "activity_stub":
+                raise WorkflowCallError(
+                    f"cannot stub {execution_id} ({ffqn}): it is not an activity_stub"
+                )
+            if info.return_type is not None:
+                validate_json(ev.result_to_json(parsed), info.return_type, "result")
+        except (UnknownFunction, WitValueError) as e:
+            raise WorkflowCallError(f"cannot stub {execution_id} ({ffqn}): {e}") from None
         digest = result_hash(result)
         want = ev.Stub(execution_id, digest, "written")
         recorded = self._match(
@@ -761,18 +799,8 @@ class ReplayHost:
                 s = self._sync(self.storage.get_summary(execution_id))
             except NotFound:
                 raise WorkflowCallError(f"cannot stub {execution_id}: no such execution") from None
-            if s.component_type != "activity_stub":
-                raise WorkflowCallError(
-                    f"cannot stub {execution_id} ({s.ffqn}): it is not an activity_stub"
-                )
             if s.result is not None:
                 return "written" if s.result == result else "conflict"
-            try:
-                info, _ = self.registry.function(s.ffqn)
-                if info.return_type is not None:
-                    validate_json(ev.result_to_json(result), info.return_type, "result")
-            except (UnknownFunction, WitValueError) as e:
-                raise WorkflowCallError(f"cannot stub {execution_id} ({s.ffqn}): {e}") from None
             try:
                 self._sync(
                     self.storage.append(
