@@ -142,6 +142,14 @@ COMPONENTS: dict[str, Component] = {
             world="activity-wat",
             output="demo/build/activity_wat.wasm",
         ),
+        PyComponent(
+            name="workflow_py",
+            app_dir="demo/workflow_py",
+            module="app",
+            world="workflow-py",
+            output="demo/build/workflow_py.wasm",
+            componentize_args=("--stub-wasi",),
+        ),
     )
 }
 

@@ -38,7 +38,8 @@ class LoadedComponent:
     config: ComponentConfig
     component_id: ev.ComponentId
     functions: dict[str, FunctionInfo]
-    #: WasmActivityRunner / JsActivityRunner, None for stubs (and, for now, workflows).
+    #: WasmActivityRunner / JsActivityRunner / JsWorkflowRunner / WasmWorkflowRunner; None
+    #: for stubs.
     runner: Any = None
     source: str | None = None
 
@@ -177,6 +178,30 @@ def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -
             JsWorkflowRunner(source, str(config.location), config.export),
             source,
         )
+    if config.type == "workflow_wasm":
+        from engine.workflow.wasm_runtime import WasmWorkflowLoadError, WasmWorkflowRunner
+
+        digest = file_digest(data)
+        try:
+            component = wasm_engine.load_component(config.location, cache_dir)
+            wf_runner = WasmWorkflowRunner(component, wasm_engine, label=str(config.location))
+        except wasm_activity.ComponentLoadError as e:
+            raise DeploymentError(f"{config.section}, key `location`: {e}") from None
+        except WasmWorkflowLoadError as e:
+            raise DeploymentError(f"{config.section}: {e}") from None
+        functions = {
+            ffqn: FunctionInfo(
+                ffqn,
+                tuple(Param(name, t, format_wit_type(t)) for name, t in sig.params),
+                sig.result,
+                config.name,
+                config.type,
+            )
+            for ffqn, sig in wf_runner.exports.items()
+        }
+        return LoadedComponent(
+            config, ev.ComponentId("workflow_wasm", config.name, digest), functions, wf_runner
+        )
     raise DeploymentError(
         f"{config.section}: {config.type} components are not supported by this version yet"
     )
@@ -223,6 +248,9 @@ async def load_registry(
 
 def _check_workflow(component: LoadedComponent, registry: Registry) -> None:
     """Workflows import other components' interfaces: check them against the registry."""
+    if component.config.type == "workflow_wasm":
+        _check_wasm_workflow(component, registry)
+        return
     if component.config.type != "workflow_js":
         return
     from engine.workflow.host import registry_interfaces
@@ -231,6 +259,19 @@ def _check_workflow(component: LoadedComponent, registry: Registry) -> None:
     try:
         component.runner.check(registry_interfaces(registry))
     except JsWorkflowLoadError as e:
+        raise DeploymentError(
+            f"{registry.deployment.path}: {component.config.section}: {e}"
+        ) from None
+
+
+def _check_wasm_workflow(component: LoadedComponent, registry: Registry) -> None:
+    """A WASM workflow's imports must reach deployed functions with the same WIT types."""
+    from engine.workflow.host import registry_interfaces
+    from engine.workflow.wasm_runtime import WasmWorkflowLoadError, signatures_of
+
+    try:
+        component.runner.check(registry_interfaces(registry), signatures_of(registry.functions))
+    except WasmWorkflowLoadError as e:
         raise DeploymentError(
             f"{registry.deployment.path}: {component.config.section}: {e}"
         ) from None
