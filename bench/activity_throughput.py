@@ -67,6 +67,7 @@ async def run(
         before["rows"] = await _count_events(engine)
 
         waiters: list[asyncio.Task[Any]] = []
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         for start in range(0, count, batch_size):
             n = min(batch_size, count - start)
@@ -77,6 +78,7 @@ async def run(
         t_submitted = time.perf_counter()
         results = await asyncio.gather(*waiters)
         t_done = time.perf_counter()
+        cpu = time.process_time() - cpu0
 
         from engine.core.events import ResultOk
 
@@ -109,6 +111,10 @@ async def run(
             "commits": delta["commits"],
             "commits_per_s": round(delta["commits"] / elapsed, 1),
             "logical_tx_per_commit": round(delta["logical"] / max(1, delta["commits"]), 1),
+            # CPU time of the whole process (all threads) per execution: less sensitive to
+            # other load on the machine than the wall-clock rate.
+            "cpu_s": round(cpu, 3),
+            "cpu_us_per_execution": round(cpu / count * 1e6),
         }
     finally:
         await engine.stop()
@@ -156,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         f"exec batch {r['exec_batch_size']})"
     )
     print(f"  end to end:  {r['elapsed_s']:.3f} s  ->  {r['executions_per_s']:,.0f} executions/s")
+    print(
+        f"  CPU:         {r['cpu_s']:.3f} s (all threads)  ->  "
+        f"{r['cpu_us_per_execution']} us per execution"
+    )
     print(f"  submitting:  {r['submit_s']:.3f} s  ->  {r['submits_per_s']:,.0f} submits/s")
     print(f"  events:      {r['events']:,}  ->  {r['events_per_s']:,.0f} events/s")
     print(f"  logical tx:  {r['logical_tx']:,}  ->  {r['logical_tx_per_s']:,.0f} /s")
