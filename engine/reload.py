@@ -417,11 +417,12 @@ class ReloadManager:
         engine.deployment_id = new_deployment_id()
         engine.registry = new
         upgrades: list[UpgradeResult] = []
+        error = None
         if engine.run_executors:
-            upgrades = await self._apply(old, new)
+            upgrades, error = await self._apply(old, new)
         pinned = await self._pinned_summary()
         status = self._make_status(
-            trigger, True, None, t0, changed_paths, changes, upgrades, pinned
+            trigger, error is None, error, t0, changed_paths, changes, upgrades, pinned
         )
         log.info(
             "deployment reloaded (%s): %s%s",
@@ -435,15 +436,26 @@ class ReloadManager:
         )
         return self._publish(status)
 
-    async def _apply(self, old: Registry, new: Registry) -> list[UpgradeResult]:
-        """Swap executors; upgrade workflows in between (nothing runs them meanwhile)."""
+    async def _apply(
+        self, old: Registry, new: Registry
+    ) -> tuple[list[UpgradeResult], str | None]:
+        """Swap executors; upgrade workflows in between (nothing runs them meanwhile).
+        Returns the upgrades, and an error when they could not all be checked."""
         engine = self.engine
         kept = {id(c) for c in new.components}
         pinned = set(self._pinned.values())
         current = [e for e in engine.executors if e not in pinned]
         stopping = [e for e in current if id(e.component) not in kept]
         await self._stop_executors(stopping)
-        upgrades = await self._upgrade_workflows(old, new)
+        error = None
+        try:
+            upgrades = await self._upgrade_workflows(old, new)
+        except StorageError as e:
+            # The new version runs anyway: the deployment is in force, and a storage
+            # that fails this cannot lock executions for it either.
+            upgrades = []
+            error = f"the deployment is in force, but its workflow upgrades failed: {e}"
+            log.error("%s", error)
         running = {id(e.component) for e in engine.executors if e not in pinned}
         for executor in engine.executors:
             if executor not in pinned and isinstance(executor, WorkflowExecutor):
@@ -464,8 +476,9 @@ class ReloadManager:
                 old_executor = self._start_executor(old_component, old, pinned=True)
                 if old_executor is not None:
                     self._pinned[digest] = old_executor
-        await self._retire_pinned()
-        return upgrades
+        with contextlib.suppress(StorageError):
+            await self._retire_pinned()
+        return upgrades, error
 
     def _start_executor(
         self, component: LoadedComponent, registry: Registry, *, pinned: bool = False

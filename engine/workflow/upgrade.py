@@ -213,7 +213,10 @@ class Upgrader:
         version = events[-1].version + 1
         digest = target.component_id.digest
         pinned = execution.pinned_digest
-        current = pinned or previous_digest or running_digest(events)
+        ran_on = running_digest(events)
+        if pinned is None and ran_on == digest:
+            return None  # created by, or already upgraded to, this version
+        current = pinned or previous_digest or ran_on
         last = _last_upgrade(events)
         if (
             pinned is not None

@@ -545,6 +545,7 @@ async def test_openapi(client: TestClient[Any, Any]) -> None:
         "/v1/executions/{execution_id}/cancel",
         "/v1/executions/{execution_id}/stub",
         "/v1/components",
+        "/v1/deployment",
         "/openapi.json",
     }
     # Every route of the app is documented, with the methods it accepts.
