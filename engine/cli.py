@@ -6,6 +6,7 @@
     obelisk execution status|result|events|responses|logs ID [--json]
     obelisk execution pause|unpause|cancel ID
     obelisk execution stub ID '{"ok": value}'
+    obelisk delay cancel ID
     obelisk component list [--json]
 
 The API address comes from `--api-url` (or `OBELISK_API_URL`, default
@@ -355,6 +356,15 @@ def cmd_stub(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_delay_cancel(args: argparse.Namespace) -> int:
+    info = _client(args).cancel_delay(args.id)
+    if args.json:
+        _print_json(info)
+    else:
+        print(f"cancelled delay {args.id}: {info['execution_id']} now {format_state(info['state'])}")
+    return 0
+
+
 def cmd_components(args: argparse.Namespace) -> int:
     components: list[ComponentInfo] = _client(args).components()
     if args.json:
@@ -478,6 +488,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     p.add_argument("result", metavar="RESULT", help='{"ok": value} or {"err": value}')
     p.set_defaults(handler=cmd_stub)
+
+    # delay
+    delay = top.add_parser("delay", help="delays (timers) of workflows")
+    delay_sub = delay.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    p = delay_sub.add_parser("cancel", parents=[common, json_flag],
+                             help="cancel a delay: its workflow gets delay_finished(cancelled)")
+    p.add_argument("id", metavar="ID", help="Delay_<ULID>.<join set>_<n>")
+    p.set_defaults(handler=cmd_delay_cancel)
 
     # component
     component = top.add_parser("component", help="deployed components")

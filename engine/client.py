@@ -226,6 +226,11 @@ class ApiClient:
     def cancel(self, execution_id: str) -> ExecutionInfo:
         return cast(ExecutionInfo, self._request("PUT", self._path(execution_id, "cancel")))
 
+    def cancel_delay(self, delay_id: str) -> ExecutionInfo:
+        """Cancel a delay; returns the workflow that owns it (it gets the response)."""
+        path = "/v1/delays/" + urllib.parse.quote(delay_id, safe="") + "/cancel"
+        return cast(ExecutionInfo, self._request("PUT", path))
+
     def stub(self, execution_id: str, result: Mapping[str, Any]) -> ExecutionInfo:
         """Finish an `activity_stub` execution with `{"ok": v}` or `{"err": v}`."""
         return cast(

@@ -16,13 +16,14 @@ from typing import Any
 from engine.components import LoadedComponent, Registry, load_registry
 from engine.core import events as ev
 from engine.core.clock import Clock, SystemClock
-from engine.core.ids import ExecutionId, IdError, new_deployment_id
+from engine.core.ids import DelayId, ExecutionId, IdError, new_deployment_id
 from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
 from engine.executor import ActivityExecutor, BaseExecutor, TimersWatcher
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
 from engine.storage.contract import CreateRequest, Storage, VersionConflict
 from engine.storage.sqlite import SqliteStorage
+from engine.workflow.cancellation import CancellationDriver
 from engine.workflow.executor import WorkflowExecutor
 
 log = logging.getLogger("obelisk.engine")
@@ -54,6 +55,7 @@ class Engine:
         self.run_executors = True
         #: Hot reload of the deployment and workflow upgrades (SPEC §9.3).
         self.reloader = ReloadManager(self, registry.deployment.path)
+        self.canceller = CancellationDriver(storage, clock)
 
     # -- lifecycle ---------------------------------------------------------------------
     @classmethod
@@ -86,6 +88,7 @@ class Engine:
             engine._start_executors()
         if run_watcher:
             engine.watcher.start()
+            engine.canceller.start()
         await engine.reloader.start(watch=watch)
         return engine
 
@@ -125,6 +128,7 @@ class Engine:
     async def stop(self) -> None:
         await self.reloader.stop()
         await self.watcher.stop()
+        await self.canceller.stop()
         await asyncio.gather(*(e.stop() for e in self.executors))
         self.executors.clear()
         await self.storage.close()
@@ -192,6 +196,17 @@ class Engine:
 
     async def cancel(self, execution_id: str) -> None:
         await self.storage.request_cancellation(execution_id, self.clock.now())
+
+    async def cancel_delay(self, delay_id: str) -> str:
+        """Answer a delay with `delay_finished(cancelled)` (SPEC §8); returns the id of
+        the execution that owns it. InvalidParams (400) for a malformed id, NotFound (404)
+        for an unknown delay, Conflict (409) when it already finished."""
+        try:
+            owner = str(DelayId.parse(delay_id).owner()[0])
+        except IdError as e:
+            raise InvalidParams(str(e)) from None
+        await self.storage.cancel_delay(delay_id, self.clock.now())
+        return owner
 
     async def stub(self, execution_id: str, result: Any) -> None:
         """Finish an `activity_stub` execution with `{"ok": v}` / `{"err": v}`.

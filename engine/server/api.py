@@ -86,6 +86,7 @@ def make_app(engine: Engine, token: str | None) -> web.Application:
     app.router.add_put("/v1/executions/{execution_id}/unpause", _unpause)
     app.router.add_put("/v1/executions/{execution_id}/cancel", _cancel)
     app.router.add_put("/v1/executions/{execution_id}/stub", _stub)
+    app.router.add_put("/v1/delays/{delay_id}/cancel", _cancel_delay)
     app.router.add_get("/v1/components", _components)
     app.router.add_get("/v1/deployment", _deployment)
     return app
@@ -424,6 +425,12 @@ async def _cancel(request: web.Request) -> web.Response:
     return _json(execution_info(await engine.storage.get_row(eid)))
 
 
+async def _cancel_delay(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    owner = await engine.cancel_delay(request.match_info["delay_id"])
+    return _json(execution_info(await engine.storage.get_row(owner)))
+
+
 async def _stub(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
@@ -499,7 +506,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {
         400: "Bad request: malformed JSON, bad params, bad id or query parameter",
         401: "Missing or invalid bearer token",
-        404: "Unknown execution id or FFQN",
+        404: "Unknown execution id, delay id or FFQN",
         409: "Conflict with the execution's state",
         422: "The execution is not cancellable",
         425: "The execution has not finished yet",
@@ -799,6 +806,22 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
         "/v1/executions/{execution_id}/cancel": _action(
             "Cancel an activity or a -cancellable workflow", 409, 422
         ),
+        "/v1/delays/{delay_id}/cancel": {
+            "put": {
+                "summary": "Cancel a delay: its workflow gets delay_finished(cancelled)",
+                "parameters": [
+                    {
+                        "name": "delay_id",
+                        "in": "path",
+                        "required": True,
+                        "description": "Delay_<ULID>.<join set>_<n>…",
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "responses": {**_ok("The workflow that owns the delay", _ref("Execution")),
+                              **_errors(400, 404, 409)},
+            }
+        },
         "/v1/executions/{execution_id}/stub": {
             "put": {
                 "summary": "Write the result of an activity_stub execution (idempotent)",

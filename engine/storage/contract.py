@@ -225,6 +225,16 @@ class Storage(Protocol):
         """Cancel an activity or a `-cancellable` workflow (SPEC §8). A pending activity
         is finished `cancelled` at once; a locked one is interrupted by its executor."""
 
+    async def cancel_delay(self, delay_id: str, now: datetime) -> ExecutionSummary:
+        """Answer a live delay with `delay_finished(cancelled)`; returns the owning
+        execution's summary. NotFound for an unknown delay, Conflict when it already
+        finished (expired or cancelled) or its execution did."""
+
+    async def cancelling_executions(
+        self, after_id: str = "", limit: int = 1000
+    ) -> list[tuple[str, ExecutionSummary]]:
+        """Executions in the Cancelling state with an id above `after_id`, by id."""
+
     # -- timers -------------------------------------------------------------
     async def expired_timers(
         self, now: datetime, limit: int = 100
@@ -309,6 +319,11 @@ class CancellationListener(Protocol):
     def add(self, execution_id: str, callback: Any) -> None: ...
 
     def remove(self, execution_id: str) -> None: ...
+
+    async def wait_cancelling(self, timeout: float) -> set[str]:
+        """For the cancellation driver: the cancelling executions that changed since the
+        last call (requested, got a response, were released), waiting up to `timeout`."""
+        ...
 
 
 class ChangeFeed(Protocol):

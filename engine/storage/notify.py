@@ -25,6 +25,8 @@ class Notifier:
         )
         self._response_waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
         self._cancel_callbacks: dict[str, Callable[[], None]] = {}
+        self._cancelling: set[str] = set()
+        self._cancelling_changed = asyncio.Event()
         self._generation = 0
         self._changed = asyncio.Event()
 
@@ -106,6 +108,23 @@ class Notifier:
                 callback()
             except Exception:
                 log.exception("cancellation listener of %s failed", execution_id)
+
+    # -- cancelling executions (the cancellation driver) ---------------------
+    def cancelling(self, execution_id: str) -> None:
+        """A cancelling execution changed: cancellation requested, a response arrived,
+        its run released it."""
+        self._cancelling.add(execution_id)
+        self._cancelling_changed.set()
+
+    async def wait_cancelling(self, timeout: float) -> set[str]:
+        """The cancelling executions that changed since the last call, waiting up to
+        `timeout` seconds for one (an empty set on timeout). One consumer per storage."""
+        if not self._cancelling:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._cancelling_changed.wait(), max(0.0, timeout))
+        self._cancelling_changed.clear()
+        changed, self._cancelling = self._cancelling, set()
+        return changed
 
     # -- generic change feed ---------------------------------------------------
     @property

@@ -27,7 +27,7 @@ import aiosqlite
 import msgspec
 
 from engine.core import events as ev
-from engine.core.ids import ExecutionId
+from engine.core.ids import DelayId, ExecutionId
 from engine.core.state import (
     BlockedByJoinSet,
     ExecutionSummary,
@@ -221,6 +221,8 @@ class _Notes:
     finished: list[tuple[str, ev.ExecutionResult]] = field(default_factory=list)
     responses: set[str] = field(default_factory=set)
     cancelled: set[str] = field(default_factory=set)
+    #: Cancelling executions that changed (for the cancellation driver).
+    cancelling: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -365,6 +367,8 @@ class SqliteStorage:
             self.notifier.response(execution_id)
         for execution_id in notes.cancelled:
             self.notifier.cancelled(execution_id)
+        for execution_id in notes.cancelling:
+            self.notifier.cancelling(execution_id)
 
     # -- writes -----------------------------------------------------------------------
     async def create(self, request: CreateRequest, now: datetime) -> None:
@@ -454,6 +458,19 @@ class SqliteStorage:
 
     async def request_cancellation(self, execution_id: str, now: datetime) -> ExecutionSummary:
         return await self._write(lambda c, n: _cancel(c, n, execution_id, now))
+
+    async def cancel_delay(self, delay_id: str, now: datetime) -> ExecutionSummary:
+        return await self._write(lambda c, n: _cancel_delay(c, n, delay_id, now))
+
+    async def cancelling_executions(
+        self, after_id: str = "", limit: int = 1000
+    ) -> list[tuple[str, ExecutionSummary]]:
+        rows = await self._reader.execute_fetchall(
+            "SELECT execution_id, summary FROM executions WHERE state = 'cancelling' "
+            "AND execution_id > ? ORDER BY execution_id LIMIT ?",
+            (after_id, limit),
+        )
+        return [(execution_id, _summary_decoder.decode(blob)) for execution_id, blob in rows]
 
     # -- timers -------------------------------------------------------------------------
     async def expired_timers(
@@ -1055,6 +1072,8 @@ def _append(
     _write_summary(conn, execution_id, s, now)
     if isinstance(s.state, PendingAt):
         notes.pending.add(s.ffqn)
+    if s.cancelling:
+        notes.cancelling.add(execution_id)
     if extras and extras.logs:
         _insert_logs(conn, execution_id, extras.run_id, extras.logs, now)
     return s
@@ -1141,6 +1160,8 @@ def _add_response(
     notes.responses.add(execution_id)
     if isinstance(s.state, PendingAt):
         notes.pending.add(s.ffqn)
+    if s.cancelling:
+        notes.cancelling.add(execution_id)
 
 
 def _insert_logs(
@@ -1199,6 +1220,34 @@ def _cancel(
         # Nothing runs: the activity is finished right away.
         events.append(ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested")))
     return _append(conn, notes, execution_id, s.next_version, events, now, None)
+
+
+def _cancel_delay(
+    conn: sqlite3.Connection, notes: _Notes, delay_id: str, now: datetime
+) -> ExecutionSummary:
+    """`delay_finished(cancelled)` to the owner of a live delay (SPEC §8)."""
+    row = conn.execute(
+        "SELECT execution_id, join_set_id FROM delays WHERE delay_id = ?", (delay_id,)
+    ).fetchone()
+    if row is None:
+        owner = str(DelayId.parse(delay_id).owner()[0])
+        answered = conn.execute(
+            "SELECT 1 FROM responses WHERE execution_id = ? AND source_id = ?", (owner, delay_id)
+        ).fetchone()
+        if answered is not None:
+            raise Conflict(f"delay {delay_id} has already finished")
+        requested = conn.execute(
+            "SELECT 1 FROM events WHERE execution_id = ? AND instr(event, ?) > 0 LIMIT 1",
+            (owner, ev.encode(delay_id)),
+        ).fetchone()
+        if requested is not None:  # its execution finished without it
+            raise Conflict(f"delay {delay_id} cannot be cancelled: {owner} is already finished")
+        raise NotFound(f"delay {delay_id} not found")
+    execution_id, join_set_id = row
+    _add_response(
+        conn, notes, execution_id, ev.DelayFinished(delay_id, join_set_id, "cancelled"), now
+    )
+    return _load_summary(conn, execution_id)
 
 
 _ROW_COLUMNS = "execution_id, ffqn, component_type, parent_id, created_at, updated_at, summary"

@@ -18,9 +18,9 @@ from typing import Any
 
 from engine.components import Registry
 from engine.core import events as ev
-from engine.core.state import on_temporary_failure
+from engine.core.state import Locked, on_temporary_failure
 from engine.executor import BaseExecutor, _ok_type
-from engine.storage.contract import Conflict, LockedExecution
+from engine.storage.contract import Conflict, LockedExecution, NotFound
 from engine.wit.codec import WitValueError, validate_json
 from engine.workflow.host import ReplayHost
 from engine.workflow.host_api import RunAborted
@@ -85,6 +85,24 @@ class WorkflowExecutor(BaseExecutor):
                     host.version,
                     [ev.Unlocked(self.clock.now(), "executor closing")],
                     self.clock.now(),
+                )
+        elif host.aborted is not None:
+            await self._release_if_cancelling(locked)
+
+    async def _release_if_cancelling(self, locked: LockedExecution) -> None:
+        """A run stopped by a cancellation still holds the lock: release it at once, so
+        that the cancellation driver tears the workflow down (SPEC §8) without waiting
+        for the lock to expire."""
+        try:
+            s = await self.storage.get_summary(locked.execution_id)
+        except NotFound:
+            return
+        u = s.underlying
+        if s.cancelling and isinstance(u, Locked) and u.run_id == locked.run_id:
+            now = self.clock.now()
+            with contextlib.suppress(Conflict):
+                await self.storage.append(
+                    locked.execution_id, s.next_version, [ev.Unlocked(now, "cancelled")], now
                 )
 
     def _drive(self, host: ReplayHost, locked: LockedExecution) -> None:

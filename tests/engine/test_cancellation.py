@@ -1,0 +1,494 @@
+"""Cancellation (SPEC §8) and pause of running workflows (SPEC §4.3) on a real engine.
+
+Activities are JS (`spin` never returns: only a cancellation or its lock expiry ends it)
+and an `activity_stub` that nothing finishes but the test; workflows are JS. Locks are
+long (10 s) so that "finished quickly" means "by the cancellation", not "at the lock
+expiry".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from engine.core import events as ev
+from engine.core.state import Cancelling, Paused, replay_stored, state_name
+from engine.engine import Engine
+from engine.errors import Conflict, InvalidParams, NotCancellable, NotFound
+from engine.server.api import make_app
+from engine.workflow.cancellation import teardown_view
+from tests.engine.conftest import StartEngine
+
+SPIN = "test:wf/acts.spin"
+QUICK = "test:wf/acts.quick"
+APPROVE = "test:wf/approval.approve"
+
+ACTS_JS = """
+export function spin() { while (true) {} }
+export function quick(n) { return n + 1; }
+"""
+
+# A non-cancellable child workflow: awaited by a cancelled parent.
+PLAIN_JS = """
+import * as obelisk from "obelisk:workflow@1.0.0";
+export default function plain() {
+  obelisk.sleep({ milliseconds: 1500 });
+  return "plain done";
+}
+"""
+
+# A cancellable child workflow: blocked on a sleep, with a running activity in a join set.
+CHILD_JS = """
+import * as obelisk from "obelisk:workflow@1.0.0";
+export default function child() {
+  const js = obelisk.createJoinSet();
+  js.submit("test:wf/acts.spin", []);
+  obelisk.sleep({ hours: 1 });
+  return "child woke";
+}
+"""
+
+PARENT_JS = """
+import * as obelisk from "obelisk:workflow@1.0.0";
+export default function parent() {
+  const a = obelisk.createJoinSet();                 // g:1
+  a.submit("test:wf/acts.spin", []);                 //   an activity (running)
+  a.submitDelay({ hours: 1 });                       //   a delay
+  const b = obelisk.createJoinSet({ name: "b" });    // n:b
+  b.submit("test:wf/wf.plain", []);                  //   awaited
+  b.submit("test:wf/wf.child-cancellable", []);      //   cancelled, recursively
+  b.submit("test:wf/approval.approve", ["x"]);       //   an activity (pending)
+  obelisk.sleep({ hours: 1 });                       // o:3-sleep: blocks here
+  return "parent woke";
+}
+"""
+
+# Computes (locked, no host calls) until interrupted; strategy `interrupt` so that the
+# join set and its request are in the log before the spin.
+SPINNER_JS = """
+import * as obelisk from "obelisk:workflow@1.0.0";
+export default function spinner() {
+  const js = obelisk.createJoinSet();
+  js.submit("test:wf/approval.approve", ["y"]);
+  while (true) {}
+}
+"""
+
+SLEEPER_JS = """
+import * as obelisk from "obelisk:workflow@1.0.0";
+export default function sleeper() {
+  try {
+    obelisk.sleep({ hours: 1 });
+    return "woke";
+  } catch (e) {
+    if (e.cancelled) return "cancelled";
+    throw e;
+  }
+}
+"""
+
+# Pause while computing and while awaiting; the result depends on both children.
+PAUSABLE_JS = """
+import { quick } from "test:wf/acts";
+import { approve } from "test:wf/approval";
+export default function pausable(n) {
+  let acc = 0;
+  for (let i = 0; i < n; i++) { acc = (acc + i) % 1000; }
+  const q = quick(acc);
+  const ok = approve("order");
+  return `${q}:${ok}`;
+}
+"""
+
+
+def _activity(name: str, export: str, params: str, ret: str) -> str:
+    return f"""
+    [[activity_js]]
+    name = "{name}"
+    location = "acts.js"
+    export = "{export}"
+    ffqn = "test:wf/acts.{name}"
+    params = {params}
+    return_type = "{ret}"
+    max_retries = 0
+    exec.lock_expiry.seconds = 10
+    exec.tick_sleep.milliseconds = 20
+    """
+
+
+def _workflow(
+    name: str, file: str, params: str = "[]", strategy: str = "await", lock_expiry: int = 10
+) -> str:
+    return f"""
+    [[workflow_js]]
+    name = "{file}"
+    location = "{file}.js"
+    ffqn = "test:wf/wf.{name}"
+    params = {params}
+    return_type = "result<string, string>"
+    blocking_strategy = "{strategy}"
+    exec.lock_expiry.seconds = {lock_expiry}
+    exec.tick_sleep.milliseconds = 20
+    """
+
+
+DEPLOYMENT = (
+    _activity("spin", "spin", "[]", "result<string, string>")
+    + _activity("quick", "quick", '[{ name = "n", type = "u32" }]', "result<u32, string>")
+    + f"""
+    [[activity_stub]]
+    ffqn = "{APPROVE}"
+    params = [{{ name = "order", type = "string" }}]
+    return_type = "result<bool, string>"
+    """
+    + _workflow("plain", "plain")
+    + _workflow("child-cancellable", "child")
+    + _workflow("parent-cancellable", "parent")
+    + _workflow("parent", "parent-plain")
+    + _workflow("spinner-cancellable", "spinner", strategy="interrupt")
+    + _workflow("sleeper", "sleeper")
+    # A short lock: after a pause of a warm run blocked on a join set, the execution is
+    # pending only at that run's lock expiry (SPEC §4.2), even though the run is gone.
+    + _workflow("pausable", "pausable", '[{ name = "n", type = "u32" }]', lock_expiry=2)
+)
+
+FILES = {
+    "acts.js": ACTS_JS,
+    "plain.js": PLAIN_JS,
+    "child.js": CHILD_JS,
+    "parent.js": PARENT_JS,
+    "parent-plain.js": PARENT_JS,
+    "spinner.js": SPINNER_JS,
+    "sleeper.js": SLEEPER_JS,
+    "pausable.js": PAUSABLE_JS,
+}
+
+CANCELLED = ev.ExecutionFailure("cancelled", "cancellation requested")
+TOKEN = "test-token-0123456789"
+
+
+async def start(start_engine: StartEngine) -> Engine:
+    return await start_engine(DEPLOYMENT, files=FILES)
+
+
+@pytest.fixture
+async def engine(start_engine: StartEngine) -> Engine:
+    return await start(start_engine)
+
+
+@pytest.fixture
+async def client(engine: Engine) -> AsyncIterator[TestClient[Any, Any]]:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with TestClient(TestServer(make_app(engine, TOKEN)), headers=headers) as c:
+        yield c
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------
+
+
+async def wait_until(engine: Engine, what: Any, timeout: float = 10) -> Any:
+    """Wait (on the change feed, not by polling) until `await what()` is truthy."""
+    feed = engine.storage.changes()
+    deadline = time.monotonic() + timeout
+    while True:
+        generation = feed.generation
+        value = await what()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await feed.wait_changed(generation, 0.2)
+
+
+async def wait_state(engine: Engine, execution_id: str, state: str) -> None:
+    async def reached() -> bool:
+        return state_name((await engine.storage.get_row(execution_id)).state) == state
+
+    await wait_until(engine, reached)
+
+
+async def legal(engine: Engine, execution_id: str) -> list[ev.StoredEvent]:
+    """The log and responses replay to the stored summary (no illegal append)."""
+    events = await engine.storage.get_events(execution_id)
+    responses = await engine.storage.get_responses(execution_id)
+    assert replay_stored(events, responses) == await engine.storage.get_summary(execution_id)
+    return events
+
+
+def types(events: list[ev.StoredEvent]) -> list[str]:
+    return [e.event.__struct_config__.tag for e in events]  # type: ignore[attr-defined]
+
+
+def history(events: list[ev.StoredEvent]) -> list[ev.HistoryEventKind]:
+    return [e.event.event for e in events if isinstance(e.event, ev.HistoryEvent)]
+
+
+def closing_join_nexts(events: list[ev.StoredEvent]) -> list[str]:
+    return [h.join_set_id for h in history(events) if isinstance(h, ev.JoinNext) and h.closing]
+
+
+def delay_ids(events: list[ev.StoredEvent]) -> list[str]:
+    return [
+        h.request.delay_id
+        for h in history(events)
+        if isinstance(h, ev.JoinSetRequest) and isinstance(h.request, ev.DelayRequest)
+    ]
+
+
+def finished_at(events: list[ev.StoredEvent]) -> Any:
+    assert isinstance(events[-1].event, ev.Finished)
+    return events[-1].created_at
+
+
+# ---------------------------------------------------------------------------------------
+# activities
+# ---------------------------------------------------------------------------------------
+
+
+async def test_cancel_pending_activity(engine: Engine) -> None:
+    later = engine.clock.now().replace(year=engine.clock.now().year + 1)
+    eid = await engine.submit(QUICK, [1], scheduled_at=later)
+    await engine.cancel(eid)
+    assert await engine.result(eid, timeout=5) == CANCELLED
+    assert types(await legal(engine, eid)) == ["created", "cancellation_requested", "finished"]
+    with pytest.raises(Conflict, match="already finished"):
+        await engine.cancel(eid)
+
+
+async def in_guest_code(engine: Engine, *execution_ids: str) -> None:
+    """Wait until the activities are locked, and a bit more: a cancellation that arrives
+    while the JS sandbox is still being created ends the run as a trap, not as cancelled
+    (`engine/workers/js_activity.py`, reported)."""
+    for execution_id in execution_ids:
+        await wait_state(engine, execution_id, "locked")
+    await asyncio.sleep(0.3)
+
+
+async def test_cancel_running_activity_is_quick(engine: Engine) -> None:
+    eid = await engine.submit(SPIN, [])
+    await in_guest_code(engine, eid)
+    started = time.monotonic()
+    await engine.cancel(eid)
+    with pytest.raises(Conflict, match="already requested"):
+        await engine.cancel(eid)
+    assert await engine.result(eid, timeout=5) == CANCELLED
+    assert time.monotonic() - started < 2  # the lock would expire after 10 s
+    events = await legal(engine, eid)
+    assert types(events) == ["created", "locked", "cancellation_requested", "finished"]
+
+
+# ---------------------------------------------------------------------------------------
+# workflows
+# ---------------------------------------------------------------------------------------
+
+
+async def test_cancel_non_cancellable_workflow(
+    engine: Engine, client: TestClient[Any, Any]
+) -> None:
+    eid = await engine.submit("test:wf/wf.plain", [])
+    with pytest.raises(NotCancellable, match="not cancellable"):
+        await engine.cancel(eid)
+    r = await client.put(f"/v1/executions/{eid}/cancel")
+    assert r.status == 422
+    assert "not cancellable" in (await r.json())["error"]
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("plain done")
+
+
+async def test_cancel_cancellable_workflow_tears_down_its_join_sets(engine: Engine) -> None:
+    eid = await engine.submit("test:wf/wf.parent-cancellable", [])
+    await wait_state(engine, eid, "blocked_by_join_set")
+    spin_a = f"{eid}.g:1_1"
+    plain, child, approve = (f"{eid}.n:b_{i}" for i in (1, 2, 3))
+    child_spin = f"{child}.g:1_1"
+    await wait_state(engine, child, "blocked_by_join_set")
+    await in_guest_code(engine, spin_a, child_spin)
+
+    started = time.monotonic()
+    await engine.cancel(eid)
+    with pytest.raises(Conflict, match="already requested"):
+        await engine.cancel(eid)
+    with pytest.raises(Conflict, match="cancel"):
+        await engine.pause(eid)
+
+    # While the plain child workflow is awaited, the parent waits on a closing join_next.
+    async def awaiting_plain() -> bool:
+        state = (await engine.storage.get_row(eid)).state
+        return (
+            isinstance(state, Cancelling)
+            and state_name(state.underlying) == "blocked_by_join_set"
+            and getattr(state.underlying, "join_set_id", None) == "n:b"
+            and getattr(state.underlying, "closing", False)
+        )
+
+    await wait_until(engine, awaiting_plain)
+    assert (await engine.storage.get_summary(plain)).result is None
+
+    assert await engine.result(eid, timeout=15) == CANCELLED
+    assert time.monotonic() - started < 8  # nothing waited for a 10 s lock expiry
+
+    # Activities and the cancellable child were cancelled, the plain child was awaited.
+    for cancelled in (spin_a, approve, child, child_spin):
+        assert await engine.result(cancelled, timeout=1) == CANCELLED, cancelled
+    assert await engine.result(plain, timeout=1) == ev.ResultOk("plain done")
+
+    events = await legal(engine, eid)
+    # One closing join_next per member not awaited yet, later join sets first; the
+    # blocking sleep's own join_next took the answer of its cancelled delay.
+    assert closing_join_nexts(events) == ["n:b", "n:b", "n:b", "g:1", "g:1"]
+    assert types(events)[-1] == "finished"
+    assert finished_at(events) >= finished_at(await legal(engine, plain))
+    i_cancel = types(events).index("cancellation_requested")
+    assert "locked" not in types(events)[i_cancel:]  # not run again
+    # Responses: members cancelled in reverse submission order, one join set at a time.
+    responses = [r.response for r in await engine.storage.get_responses(eid)]
+    sources = [
+        r.child_execution_id if isinstance(r, ev.ChildExecutionFinished) else r.delay_id
+        for r in responses
+    ]
+    sleep_delay, g1_delay = delay_ids(events)[1], delay_ids(events)[0]
+    assert sources == [sleep_delay, approve, child, plain, g1_delay, spin_a]
+    delay_outcomes = {r.delay_id: r.outcome for r in responses if isinstance(r, ev.DelayFinished)}
+    assert delay_outcomes == {sleep_delay: "cancelled", g1_delay: "cancelled"}
+
+    # The cancellable child was torn down the same way.
+    child_events = await legal(engine, child)
+    assert closing_join_nexts(child_events) == ["g:1"]
+    assert types(child_events)[-1] == "finished"
+    view = teardown_view(events, await engine.storage.get_responses(eid))
+    assert view.finished and all(js.done for js in view.join_sets)
+
+
+async def test_same_workflow_without_cancellable_suffix_is_not_cancellable(
+    engine: Engine,
+) -> None:
+    eid = await engine.submit("test:wf/wf.parent", [])
+    await wait_state(engine, eid, "blocked_by_join_set")
+    with pytest.raises(NotCancellable):
+        await engine.cancel(eid)
+
+
+async def test_cancel_locked_workflow_releases_its_run_at_once(engine: Engine) -> None:
+    eid = await engine.submit("test:wf/wf.spinner-cancellable", [])
+    approve = f"{eid}.g:1_1"
+
+    async def spinning() -> bool:
+        events = await engine.storage.get_events(eid)
+        return state_name((await engine.storage.get_row(eid)).state) == "locked" and any(
+            isinstance(h, ev.JoinSetRequest) for h in history(events)
+        )
+
+    await wait_until(engine, spinning)
+    started = time.monotonic()
+    await engine.cancel(eid)
+    assert await engine.result(eid, timeout=5) == CANCELLED
+    assert time.monotonic() - started < 3  # not at the 10 s lock expiry
+    assert await engine.result(approve, timeout=1) == CANCELLED
+    events = await legal(engine, eid)
+    tail = types(events)[types(events).index("cancellation_requested") :]
+    assert tail == ["cancellation_requested", "unlocked", "history_event", "finished"]
+    unlocked = events[-3].event
+    assert isinstance(unlocked, ev.Unlocked) and unlocked.reason == "cancelled"
+    assert closing_join_nexts(events) == ["g:1"]
+
+
+async def test_cancel_supersedes_pause(engine: Engine) -> None:
+    eid = await engine.submit("test:wf/wf.child-cancellable", [])
+    await wait_state(engine, eid, "blocked_by_join_set")
+    await in_guest_code(engine, f"{eid}.g:1_1")
+    await engine.pause(eid)
+    assert isinstance((await engine.storage.get_row(eid)).state, Paused)
+    await engine.cancel(eid)
+    assert await engine.result(eid, timeout=5) == CANCELLED
+    assert await engine.result(f"{eid}.g:1_1", timeout=1) == CANCELLED
+    events = await legal(engine, eid)
+    tail = types(events)[types(events).index("paused") :]
+    assert tail == ["paused", "cancellation_requested", "history_event", "finished"]
+    assert closing_join_nexts(events) == ["g:1"]
+    with pytest.raises(Conflict, match="finished"):
+        await engine.unpause(eid)
+
+
+# ---------------------------------------------------------------------------------------
+# delays
+# ---------------------------------------------------------------------------------------
+
+
+async def test_cancel_delay_from_the_api(engine: Engine, client: TestClient[Any, Any]) -> None:
+    eid = await engine.submit("test:wf/wf.sleeper", [])
+    await wait_state(engine, eid, "blocked_by_join_set")
+    (delay,) = delay_ids(await engine.storage.get_events(eid))
+    assert delay.startswith("Delay_") and delay.endswith(".o:1-sleep_1")
+
+    r = await client.put(f"/v1/delays/{delay}/cancel")
+    assert r.status == 200, await r.text()
+    assert (await r.json())["execution_id"] == eid
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("cancelled")
+    (response,) = [r.response for r in await engine.storage.get_responses(eid)]
+    assert response == ev.DelayFinished(delay, "o:1-sleep", "cancelled")
+    await legal(engine, eid)
+
+    r = await client.put(f"/v1/delays/{delay}/cancel")
+    assert r.status == 409, await r.text()
+    r = await client.put(f"/v1/delays/{delay.replace('_1', '_2')}/cancel")
+    assert r.status == 404, await r.text()
+    r = await client.put("/v1/delays/Delay_nope/cancel")
+    assert r.status == 400, await r.text()
+
+
+async def test_cancel_delay_errors(engine: Engine) -> None:
+    with pytest.raises(InvalidParams):
+        await engine.cancel_delay("E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC")
+    with pytest.raises(NotFound):
+        await engine.cancel_delay("Delay_01JKX3M7V9Q2R8T5W0Y4Z6A1BC.o:1-sleep_1")
+
+
+# ---------------------------------------------------------------------------------------
+# pause of a running workflow (SPEC §4.3)
+# ---------------------------------------------------------------------------------------
+
+
+async def test_pause_running_workflow(engine: Engine) -> None:
+    n = 1_000_000  # a few hundred milliseconds of computing
+    eid = await engine.submit("test:wf/wf.pausable", [n])
+    await wait_state(engine, eid, "locked")
+    await engine.pause(eid)  # while it computes: its run is released and stopped
+    events = await legal(engine, eid)
+    assert types(events)[-2:] == ["unlocked", "paused"]
+    paused_version = len(events)
+    await asyncio.sleep(0.5)
+    assert len(await legal(engine, eid)) == paused_version  # the run wrote nothing more
+    await engine.unpause(eid)
+
+    quick, approve = f"{eid}.o:1-quick_1", f"{eid}.o:2-approve_1"
+    acc = n * (n - 1) // 2 % 1000
+
+    async def awaiting_approval() -> bool:
+        state = (await engine.storage.get_row(eid)).state
+        return getattr(state, "join_set_id", None) == "o:2-approve"
+
+    await wait_until(engine, awaiting_approval)  # a warm run awaits the stub child
+    assert await engine.result(quick, timeout=1) == ev.ResultOk(acc + 1)
+    await engine.pause(eid)
+    state = (await engine.storage.get_row(eid)).state
+    assert isinstance(state, Paused) and state_name(state.underlying) == "blocked_by_join_set"
+    await engine.stub(approve, {"ok": True})
+
+    async def response_arrived() -> bool:
+        s = (await engine.storage.get_row(eid)).state
+        return isinstance(s, Paused) and state_name(s.underlying) == "pending_at"
+
+    await wait_until(engine, response_arrived)
+    version = len(await legal(engine, eid))
+    await asyncio.sleep(0.5)
+    assert len(await legal(engine, eid)) == version  # not advanced while paused
+    await engine.unpause(eid)
+    assert await engine.result(eid, timeout=15) == ev.ResultOk(f"{acc + 1}:true")
+    events = await legal(engine, eid)
+    assert types(events).count("paused") == types(events).count("unpaused") == 2
