@@ -101,6 +101,19 @@ export default function order(id) {
 }
 """
 
+# Incompatible: returns before the call its log records.
+ORDER_V2_RETURNS_EARLY = """
+export default function order(id) {
+  return "v2 without approval";
+}
+"""
+
+# Does not load: imports a function nobody exports.
+ORDER_BROKEN_IMPORT = """
+import { reject } from "myapp:demo/approval";
+export default function order(id) { return reject(id); }
+"""
+
 
 def write(path: Path, text: str) -> None:
     path.write_text(textwrap.dedent(text))
@@ -343,11 +356,17 @@ async def test_compatible_workflow_upgrade_continues_on_the_new_code(
     engine = await start_engine(workflow_toml(strategy), files={"order.js": ORDER_V1})
     eid = await engine.submit(ORDER, ["o-1"])
     child = await blocked_child(engine, eid)
+    before = await engine.storage.get_events(eid)
 
     status = await edit_and_wait(
         engine, tmp_path / "order.js", ORDER_V2_COMPATIBLE, changed("order")
     )
     assert status.ok, status.error
+    # The check wrote nothing but its outcome (a run holding the lock is released first).
+    after = await engine.storage.get_events(eid)
+    added = [type(e.event) for e in after[len(before) :]]
+    assert added[-1] is ev.ComponentUpgradeFinished
+    assert set(added[:-1]) <= {ev.Unlocked}, added
     new_digest = engine.registry.function(ORDER)[1].component_id.digest
     [upgrade] = status.upgrades
     assert (upgrade.execution_id, upgrade.outcome, upgrade.to_digest) == (
@@ -368,18 +387,40 @@ async def test_compatible_workflow_upgrade_continues_on_the_new_code(
     assert engine.reloader.pinned_executors == {}
 
 
-@pytest.mark.parametrize("strategy", ["await", "interrupt"])
+async def test_workflow_that_does_not_load_keeps_the_old_version(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(workflow_toml(), files={"order.js": ORDER_V1})
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+    status = await edit_and_wait(
+        engine, tmp_path / "order.js", ORDER_BROKEN_IMPORT, lambda s: s.generation > 0
+    )
+    assert not status.ok
+    assert status.error is not None and "reject" in status.error, status.error
+    assert upgrade_events(await engine.storage.get_events(eid)) == []
+    await engine.stub(child, {"ok": "yes"})
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "edit", "reason"),
+    [
+        ("await", ORDER_V2_INCOMPATIBLE, '["o-1!"]'),
+        ("interrupt", ORDER_V2_INCOMPATIBLE, '["o-1!"]'),
+        ("await", ORDER_V2_RETURNS_EARLY, "the function returned, but the log continues"),
+    ],
+    ids=["other-params-await", "other-params-interrupt", "returns-early"],
+)
 async def test_incompatible_workflow_upgrade_finishes_on_the_old_code(
-    start_engine: StartEngine, tmp_path: Path, strategy: str
+    start_engine: StartEngine, tmp_path: Path, strategy: str, edit: str, reason: str
 ) -> None:
     engine = await start_engine(workflow_toml(strategy), files={"order.js": ORDER_V1})
     old_digest = engine.registry.function(ORDER)[1].component_id.digest
     eid = await engine.submit(ORDER, ["o-1"])
     child = await blocked_child(engine, eid)
 
-    status = await edit_and_wait(
-        engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order")
-    )
+    status = await edit_and_wait(engine, tmp_path / "order.js", edit, changed("order"))
     assert status.ok, status.error
     new_digest = engine.registry.function(ORDER)[1].component_id.digest
     [upgrade] = status.upgrades
@@ -389,7 +430,7 @@ async def test_incompatible_workflow_upgrade_finishes_on_the_old_code(
         new_digest,
         old_digest,
     )
-    assert "o-1!" in upgrade.reason and "version" in upgrade.reason
+    assert reason in upgrade.reason and "version" in upgrade.reason, upgrade.reason
     [event] = upgrade_events(await engine.storage.get_events(eid))
     assert event.digest == new_digest
     assert event.outcome == ev.UpgradeFailed(upgrade.reason)
@@ -400,24 +441,26 @@ async def test_incompatible_workflow_upgrade_finishes_on_the_old_code(
 
     # New executions run the new code meanwhile.
     fresh = await engine.submit(ORDER, ["o-2"])
-    fresh_child = await blocked_child(engine, fresh)
-    assert fresh_child.startswith(fresh)
-    fresh_events = await engine.storage.get_events(fresh)
-    assert any(
-        isinstance(e.event, ev.HistoryEvent)
-        and isinstance(e.event.event, ev.JoinSetRequest)
-        and isinstance(e.event.event.request, ev.ChildExecutionRequest)
-        and e.event.event.request.params == ["o-2!"]
-        for e in fresh_events
-    )
+    if edit == ORDER_V2_INCOMPATIBLE:
+        fresh_child = await blocked_child(engine, fresh)
+        fresh_events = await engine.storage.get_events(fresh)
+        assert any(
+            isinstance(e.event, ev.HistoryEvent)
+            and isinstance(e.event.event, ev.JoinSetRequest)
+            and isinstance(e.event.event.request, ev.ChildExecutionRequest)
+            and e.event.event.request.params == ["o-2!"]
+            for e in fresh_events
+        )
+        await engine.stub(fresh_child, {"ok": "no"})
+        assert await engine.result(fresh, timeout=10) == ev.ResultOk("v2 no")
+    else:
+        assert await engine.result(fresh, timeout=10) == ev.ResultOk("v2 without approval")
 
     # The old execution finishes on the old code.
     await engine.stub(child, {"ok": "yes"})
     assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
     locks = [e.event for e in await engine.storage.get_events(eid) if isinstance(e.event, ev.Locked)]
     assert locks[-1].component_id.digest == old_digest
-    await engine.stub(fresh_child, {"ok": "no"})
-    assert await engine.result(fresh, timeout=10) == ev.ResultOk("v2 no")
 
     # The old version is retired once nothing is pinned to it.
     async with asyncio.timeout(10):
