@@ -6,6 +6,7 @@
     obelisk execution status|result|events|responses|logs ID [--json]
     obelisk execution pause|unpause|cancel ID
     obelisk execution stub ID '{"ok": value}'
+    obelisk execution persist-backtraces ID [--json]
     obelisk delay cancel ID
     obelisk component list [--json]
 
@@ -365,6 +366,19 @@ def cmd_delay_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_persist_backtraces(args: argparse.Namespace) -> int:
+    answer = _client(args).persist_backtraces(args.id)
+    if args.json:
+        _print_json(answer)
+    else:
+        print(
+            f"stored {answer['stored']} backtraces for {answer['execution_id']} "
+            f"({answer['history_events']} history events replayed on "
+            f"{answer['component_digest']})"
+        )
+    return 0
+
+
 def cmd_components(args: argparse.Namespace) -> int:
     components: list[ComponentInfo] = _client(args).components()
     if args.json:
@@ -488,6 +502,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     p.add_argument("result", metavar="RESULT", help='{"ok": value} or {"err": value}')
     p.set_defaults(handler=cmd_stub)
+
+    p = ex.add_parser("persist-backtraces", parents=[common, json_flag],
+                      help="replay a JS workflow and store its backtraces",
+                      description="Replay the execution against its deployed code (no "
+                      "history is written) and store the JS stack of every history event.")
+    p.add_argument("id", metavar="ID")
+    p.set_defaults(handler=cmd_persist_backtraces)
 
     # delay
     delay = top.add_parser("delay", help="delays (timers) of workflows")

@@ -94,6 +94,39 @@ class ComponentInfo(TypedDict):
     exports: list[FunctionExport]
 
 
+class FrameInfo(TypedDict):
+    file: str
+    line: int
+    column: int
+    function: str
+
+
+class BacktraceInfo(TypedDict):
+    """The guest stack (innermost frame first) of the host call that wrote one event."""
+
+    execution_id: str
+    version: int
+    backtrace_id: int
+    #: The code that ran: its source is `ApiClient.component_source(component_digest)`.
+    component_digest: str
+    frames: list[FrameInfo]
+
+
+class ComponentSourceInfo(TypedDict):
+    digest: str
+    file: str
+    source: str
+
+
+class PersistBacktracesAnswer(TypedDict):
+    execution_id: str
+    component_digest: str
+    #: History events in the log, all reproduced by the code.
+    history_events: int
+    #: Events that got a backtrace.
+    stored: int
+
+
 class ErrorBody(TypedDict):
     error: str
 
@@ -198,9 +231,18 @@ class ApiClient:
         return cast(ExecutionInfo, self._request("GET", self._path(execution_id, "status")))
 
     def events(
-        self, execution_id: str, *, version: int | None = None, length: int | None = None
+        self,
+        execution_id: str,
+        *,
+        version: int | None = None,
+        length: int | None = None,
+        include_backtrace_id: bool = False,
     ) -> list[EventEntry]:
-        query = [("version", version), ("length", length)]
+        query = [
+            ("version", version),
+            ("length", length),
+            ("include_backtrace_id", include_backtrace_id or None),
+        ]
         return cast(
             list[EventEntry], self._request("GET", self._path(execution_id, "events"), query)
         )
@@ -216,6 +258,21 @@ class ApiClient:
     ) -> list[LogEntry]:
         query = [("after", after), ("limit", limit)]
         return cast(list[LogEntry], self._request("GET", self._path(execution_id, "logs"), query))
+
+    def backtrace(self, execution_id: str, version: int) -> BacktraceInfo:
+        """The backtrace of the event at `version`; ApiError(404) when it has none."""
+        return cast(
+            BacktraceInfo,
+            self._request("GET", self._path(execution_id, "backtrace"), [("version", version)]),
+        )
+
+    def persist_backtraces(self, execution_id: str) -> PersistBacktracesAnswer:
+        """Replay a JS workflow execution against its deployed code (writing no history)
+        and store the backtraces of its events, replacing the older ones."""
+        return cast(
+            PersistBacktracesAnswer,
+            self._request("PUT", self._path(execution_id, "backtraces")),
+        )
 
     def pause(self, execution_id: str) -> ExecutionInfo:
         return cast(ExecutionInfo, self._request("PUT", self._path(execution_id, "pause")))
@@ -241,6 +298,11 @@ class ApiClient:
     # -- components ------------------------------------------------------------------------
     def components(self) -> list[ComponentInfo]:
         return cast(list[ComponentInfo], self._request("GET", "/v1/components"))
+
+    def component_source(self, digest: str) -> ComponentSourceInfo:
+        """The source text of a (JS) component version, e.g. to show a backtrace's line."""
+        path = "/v1/components/" + urllib.parse.quote(digest, safe="") + "/source"
+        return cast(ComponentSourceInfo, self._request("GET", path))
 
     def openapi(self) -> dict[str, Any]:
         return cast(dict[str, Any], self._request("GET", "/openapi.json"))
@@ -328,13 +390,17 @@ __all__ = [
     "DEFAULT_API_URL",
     "ApiClient",
     "ApiError",
+    "BacktraceInfo",
     "ComponentInfo",
+    "ComponentSourceInfo",
     "ErrorBody",
     "EventEntry",
     "ExecutionInfo",
+    "FrameInfo",
     "FunctionExport",
     "LogEntry",
     "ParamInfo",
+    "PersistBacktracesAnswer",
     "ResponseEntry",
     "ServerUnreachable",
     "SubmitAnswer",

@@ -82,7 +82,16 @@ class Engine:
         wasm_engine = WasmEngine()
         registry = await load_registry(deployment, wasm_engine, data / "cache")
         storage = await SqliteStorage.open(data / "obelisk.sqlite")
+        try:
+            # Kept by digest: backtraces show their lines even after the file changed.
+            from engine.workflow.backtraces import save_component_sources, source_saver
+
+            await save_component_sources(storage, registry)
+        except BaseException:
+            await storage.close()
+            raise
         engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine)
+        engine.reloader.add_listener(source_saver(engine))  # and after each reload
         engine.run_executors = run_executors
         if run_executors:
             engine._start_executors()

@@ -18,11 +18,14 @@ import msgspec
 from aiohttp import web
 
 from engine.client import (
+    BacktraceInfo,
     ComponentInfo,
+    ComponentSourceInfo,
     EventEntry,
     ExecutionInfo,
     FunctionExport,
     LogEntry,
+    PersistBacktracesAnswer,
     ResponseEntry,
 )
 from engine.core import events as ev
@@ -82,12 +85,15 @@ def make_app(engine: Engine, token: str | None) -> web.Application:
     app.router.add_get("/v1/executions/{execution_id}/events", _events)
     app.router.add_get("/v1/executions/{execution_id}/responses", _responses)
     app.router.add_get("/v1/executions/{execution_id}/logs", _logs)
+    app.router.add_get("/v1/executions/{execution_id}/backtrace", _backtrace)
+    app.router.add_put("/v1/executions/{execution_id}/backtraces", _persist_backtraces)
     app.router.add_put("/v1/executions/{execution_id}/pause", _pause)
     app.router.add_put("/v1/executions/{execution_id}/unpause", _unpause)
     app.router.add_put("/v1/executions/{execution_id}/cancel", _cancel)
     app.router.add_put("/v1/executions/{execution_id}/stub", _stub)
     app.router.add_put("/v1/delays/{delay_id}/cancel", _cancel_delay)
     app.router.add_get("/v1/components", _components)
+    app.router.add_get("/v1/components/{digest}/source", _component_source)
     app.router.add_get("/v1/deployment", _deployment)
     return app
 
@@ -404,6 +410,43 @@ async def _logs(request: web.Request) -> web.Response:
     return _json(out)
 
 
+async def _backtrace(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    eid = _execution_id(request)
+    if not request.query.get("version"):
+        raise ApiProblem(400, "query parameter `version` is required")
+    version = _int_query(request, "version", 0, 0)
+    assert version is not None
+    bt = await engine.storage.get_backtrace(eid, version)  # 404 for an unknown id
+    if bt is None:
+        raise ApiProblem(404, f"execution {eid} has no backtrace for version {version}")
+    answer: BacktraceInfo = {
+        "execution_id": eid,
+        "version": version,
+        "backtrace_id": bt.backtrace_id,
+        "component_digest": bt.component_digest,
+        "frames": [
+            {"file": f.file, "line": f.line, "column": f.column, "function": f.function}
+            for f in bt.frames
+        ],
+    }
+    return _json(answer)
+
+
+async def _persist_backtraces(request: web.Request) -> web.Response:
+    from engine.workflow.backtraces import persist_backtraces
+
+    engine = request.app[ENGINE_KEY]
+    done = await persist_backtraces(engine, _execution_id(request))
+    answer: PersistBacktracesAnswer = {
+        "execution_id": done.execution_id,
+        "component_digest": done.component_digest,
+        "history_events": done.history_events,
+        "stored": done.stored,
+    }
+    return _json(answer)
+
+
 async def _pause(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
@@ -479,6 +522,21 @@ async def _deployment(request: web.Request) -> web.Response:
             "reload": engine.reload_status().to_json(),
         }
     )
+
+
+async def _component_source(request: web.Request) -> web.Response:
+    from engine.workflow.backtraces import get_component_source
+
+    digest = request.match_info["digest"]
+    source = await get_component_source(request.app[ENGINE_KEY], digest)
+    if source is None:
+        raise ApiProblem(404, f"no source is known for component {digest}")
+    answer: ComponentSourceInfo = {
+        "digest": source.digest,
+        "file": source.file,
+        "source": source.source,
+    }
+    return _json(answer)
 
 
 async def _openapi(request: web.Request) -> web.Response:
@@ -653,6 +711,52 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "message": {"type": "string"},
             },
         },
+        "Backtrace": {
+            "description": "The guest stack of the host call that wrote an event",
+            "type": "object",
+            "required": ["execution_id", "version", "backtrace_id", "component_digest",
+                         "frames"],
+            "properties": {
+                "execution_id": {"type": "string"},
+                "version": {"type": "integer"},
+                "backtrace_id": {"type": "integer"},
+                "component_digest": {"type": "string",
+                                     "description": "source: /v1/components/{digest}/source"},
+                "frames": {
+                    "type": "array",
+                    "description": "innermost first",
+                    "items": {
+                        "type": "object",
+                        "required": ["file", "line", "column", "function"],
+                        "properties": {
+                            "file": {"type": "string"},
+                            "line": {"type": "integer"},
+                            "column": {"type": "integer"},
+                            "function": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
+        "PersistedBacktraces": {
+            "type": "object",
+            "required": ["execution_id", "component_digest", "history_events", "stored"],
+            "properties": {
+                "execution_id": {"type": "string"},
+                "component_digest": {"type": "string"},
+                "history_events": {"type": "integer"},
+                "stored": {"type": "integer", "description": "events that got a backtrace"},
+            },
+        },
+        "ComponentSource": {
+            "type": "object",
+            "required": ["digest", "file", "source"],
+            "properties": {
+                "digest": {"type": "string"},
+                "file": {"type": "string"},
+                "source": {"type": "string"},
+            },
+        },
         "Component": {
             "type": "object",
             "required": ["name", "type", "digest", "location", "exports"],
@@ -801,6 +905,27 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "responses": {**_ok("Log lines", _array_of("LogLine")), **_errors(400, 404)},
             }
         },
+        "/v1/executions/{execution_id}/backtrace": {
+            "get": {
+                "summary": "The backtrace (guest stack) of the host call that wrote an event",
+                "parameters": [
+                    _ID_PARAM,
+                    {"name": "version", "in": "query", "required": True,
+                     "description": "the event's version", "schema": {"type": "integer",
+                                                                      "minimum": 0}},
+                ],
+                "responses": {**_ok("The backtrace", _ref("Backtrace")), **_errors(400, 404)},
+            }
+        },
+        "/v1/executions/{execution_id}/backtraces": {
+            "put": {
+                "summary": "Replay a JS workflow execution against its deployed code, "
+                "writing no history, and store the backtraces of its events",
+                "parameters": [_ID_PARAM],
+                "responses": {**_ok("What was stored", _ref("PersistedBacktraces")),
+                              **_errors(400, 404, 409)},
+            }
+        },
         "/v1/executions/{execution_id}/pause": _action("Pause an execution", 409),
         "/v1/executions/{execution_id}/unpause": _action("Unpause a paused execution", 409),
         "/v1/executions/{execution_id}/cancel": _action(
@@ -844,6 +969,16 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
             "get": {
                 "summary": "The deployment in force and the outcome of its last hot reload",
                 "responses": {**_ok("Deployment", _ref("Deployment")), **_errors()},
+            }
+        },
+        "/v1/components/{digest}/source": {
+            "get": {
+                "summary": "The source text of a (JS) component version, by digest",
+                "parameters": [
+                    {"name": "digest", "in": "path", "required": True,
+                     "description": "sha256:…", "schema": {"type": "string"}},
+                ],
+                "responses": {**_ok("The source", _ref("ComponentSource")), **_errors(404)},
             }
         },
         "/openapi.json": {

@@ -543,6 +543,8 @@ async def test_openapi(client: TestClient[Any, Any]) -> None:
         "/v1/executions/{execution_id}/events",
         "/v1/executions/{execution_id}/responses",
         "/v1/executions/{execution_id}/logs",
+        "/v1/executions/{execution_id}/backtrace",
+        "/v1/executions/{execution_id}/backtraces",
         "/v1/executions/{execution_id}/pause",
         "/v1/executions/{execution_id}/unpause",
         "/v1/executions/{execution_id}/cancel",
@@ -550,6 +552,7 @@ async def test_openapi(client: TestClient[Any, Any]) -> None:
         "/v1/delays/{delay_id}/cancel",
         "/v1/components",
         "/v1/deployment",
+        "/v1/components/{digest}/source",
         "/openapi.json",
     }
     # Every route of the app is documented, with the methods it accepts.

@@ -1,0 +1,197 @@
+"""Backtraces (SPEC §7.4): the guest stack of every host call that wrote history.
+
+Recording happens in the `ReplayHost`: the runtime passes the stack with `set_stack`
+before each host call that may write history, and the events that call writes are stored
+with it (`AppendExtras.backtraces`, deduplicated by the storage). Replays write nothing,
+so they never change the backtraces of existing events.
+
+`persist_backtraces` (re)captures them for one execution: it replays the execution's log
+against the code deployed now for its function in a dry run (`upgrade.DryRunHost`:
+answered from the history only, nothing written, stopped at the end of the history),
+takes the stack of every history event the code reproduced (matched by position), and
+replaces the execution's stored backtraces with them.
+
+Sources: the text of every loaded component that has one (JS) is kept by digest
+(`save_component_sources`, at start and after reloads), so a client can show the line of
+a backtrace even after the file changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from engine.components import LoadedComponent, Registry
+from engine.core import events as ev
+from engine.core.ids import new_run_id
+from engine.errors import Conflict
+from engine.storage.contract import ComponentSource, LockedExecution, Storage
+from engine.workflow.host_api import Frame
+from engine.workflow.upgrade import DryRunHost, check_compatible
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+log = logging.getLogger("obelisk.backtraces")
+
+
+# ---------------------------------------------------------------------------------------
+# Component sources
+# ---------------------------------------------------------------------------------------
+
+
+def component_sources(components: Iterable[LoadedComponent]) -> list[ComponentSource]:
+    """The sources of the components that have one (JS), by digest."""
+    out: dict[str, ComponentSource] = {}
+    for c in components:
+        if c.source is not None and c.config.location is not None:
+            digest = c.component_id.digest
+            out[digest] = ComponentSource(digest, str(c.config.location), c.source)
+    return list(out.values())
+
+
+async def save_component_sources(storage: Storage, registry: Registry) -> None:
+    await storage.save_component_sources(component_sources(registry.components))
+
+
+def loaded_source(engine: Engine, digest: str) -> ComponentSource | None:
+    """A source still in memory (deployed now, or an old version running pinned
+    executions), for digests the database does not have (yet)."""
+    candidates: list[LoadedComponent] = list(engine.registry.components)
+    candidates += [e.component for e in engine.executors]
+    for source in component_sources(candidates):
+        if source.digest == digest:
+            return source
+    return None
+
+
+async def get_component_source(engine: Engine, digest: str) -> ComponentSource | None:
+    stored = await engine.storage.get_component_source(digest)
+    return stored if stored is not None else loaded_source(engine, digest)
+
+
+def source_saver(engine: Engine) -> Callable[[Any], None]:
+    """A reload listener that keeps the sources of the newly deployed registry."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def save() -> None:
+        try:
+            await save_component_sources(engine.storage, engine.registry)
+        except Exception as e:  # the engine may be closing; the sources stay in memory
+            log.warning("could not store component sources after a reload: %s", e)
+
+    def on_reload(status: Any) -> None:
+        if getattr(status, "ok", True):
+            task = asyncio.get_running_loop().create_task(save())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    return on_reload
+
+
+# ---------------------------------------------------------------------------------------
+# persist-backtraces
+# ---------------------------------------------------------------------------------------
+
+
+class BacktraceCapture(DryRunHost):
+    """A dry run that remembers the stack the guest passed for each history event it
+    reproduced: `captured` is (version, frames) in log order."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.captured: list[tuple[int, list[Frame]]] = []
+
+    def _match(self, want: Any, matches: Any = None) -> ev.HistoryEventKind | None:
+        got = super()._match(want, matches)
+        if got is not None and self.stack:
+            self.captured.append((self.history[self.cursor - 1][0], self.stack))
+        return got
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedBacktraces:
+    execution_id: str
+    #: The code that was replayed (its source: `GET /v1/components/{digest}/source`).
+    component_digest: str
+    #: History events in the log (all of them were reproduced by the code).
+    history_events: int
+    #: Events that got a backtrace (the others were written without a guest call, e.g.
+    #: the implicit close of join sets when the function returned).
+    stored: int
+
+
+async def persist_backtraces(engine: Engine, execution_id: str) -> PersistedBacktraces:
+    """Replay the execution (finished or not) against its current code without writing
+    history, and store the backtraces of its events, replacing the older ones.
+
+    NotFound: unknown execution. UnknownFunction: its function is not deployed any more.
+    Conflict: not a JS workflow, or its log does not replay against the deployed code."""
+    storage = engine.storage
+    summary = await storage.get_summary(execution_id)
+    _, component = engine.registry.function(summary.ffqn)
+    if component.config.type != "workflow_js" or component.runner is None:
+        raise Conflict(
+            f"execution {execution_id} ({summary.ffqn}) is not a JS workflow: "
+            "only workflow_js executions have backtraces"
+        )
+    events = await storage.get_events(execution_id)
+    responses = await storage.get_responses(execution_id)
+    created = events[0].event
+    assert isinstance(created, ev.Created)
+    below_version = events[-1].version + 1
+    now = engine.clock.now()
+    locked = LockedExecution(
+        execution_id=execution_id,
+        ffqn=created.ffqn,
+        params=created.params,
+        next_version=below_version,
+        run_id=new_run_id(),
+        lock_expires_at=now + timedelta(hours=1),  # never used: nothing is written
+        parent=created.parent,
+        summary=summary,
+        events=events,
+        responses=responses,
+    )
+    host = BacktraceCapture(
+        locked=locked,
+        storage=storage,
+        registry=engine.registry,
+        clock=engine.clock,
+        loop=asyncio.get_running_loop(),
+        component_id=component.component_id,
+        executor_id="Exr_persist-backtraces",
+        deployment_id=engine.deployment_id,
+        lock_expiry=timedelta(milliseconds=component.config.exec.lock_expiry_ms),
+        strategy="await",
+    )
+    ok, reason = await asyncio.get_running_loop().run_in_executor(
+        engine.workflow_threads, check_compatible, component.runner, host, created.params
+    )
+    if not ok:
+        raise Conflict(
+            f"cannot capture the backtraces of execution {execution_id}: its log does not "
+            f"replay against the deployed code of {summary.ffqn} ({reason})"
+        )
+    digest = component.component_id.digest
+    await save_component_sources(storage, engine.registry)
+    stored = await storage.replace_backtraces(execution_id, digest, host.captured, below_version)
+    history = sum(1 for e in events if isinstance(e.event, ev.HistoryEvent))
+    log.info("persisted %d backtraces of %s (%s)", stored, execution_id, digest)
+    return PersistedBacktraces(execution_id, digest, history, stored)
+
+
+__all__ = [
+    "BacktraceCapture",
+    "PersistedBacktraces",
+    "component_sources",
+    "get_component_source",
+    "loaded_source",
+    "persist_backtraces",
+    "save_component_sources",
+    "source_saver",
+]
