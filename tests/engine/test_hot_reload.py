@@ -7,6 +7,7 @@ on `engine.reload_events()`, never for a fixed time.
 from __future__ import annotations
 
 import asyncio
+import os
 import textwrap
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -216,6 +217,16 @@ async def test_edited_js_activity_runs_the_new_code(
     assert created.deployment_id == engine.deployment_id
     # One executor for the component, the new one.
     assert [e.component.component_id.digest for e in engine.executors] == [change.new_digest]
+
+    # Editors often write a temporary file and rename it over the original.
+    with engine.reload_events() as events:
+        temporary = tmp_path / ".greet.js.tmp"
+        temporary.write_text(greet_js("howdy"))
+        os.replace(temporary, tmp_path / "greet.js")
+        status = await events.wait_for(changed("greet"))
+    assert status.ok, status.error
+    eid = await engine.submit(GREET, ["cy"])
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("howdy cy")
 
 
 async def test_broken_edit_is_reported_and_the_old_version_keeps_running(
