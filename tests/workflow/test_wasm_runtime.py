@@ -17,8 +17,10 @@ import pytest
 from engine import wat_build
 from engine.build_components import REPO_ROOT, ensure_built
 from engine.wat_build import REALLOC_WAT
-from engine.wit.types import FunctionSignature, parse_wit_type
+from engine.wit.codec import json_to_wasmtime, wasmtime_to_json
+from engine.wit.types import FunctionSignature, WitResult, parse_wit_type
 from engine.workers.wasm_activity import WasmEngine
+from engine.workflow import wasm_runtime as wr
 from engine.workflow.js_runtime import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
 from engine.workflow.wasm_runtime import (
     WORKFLOW_SUPPORT_IFC,
@@ -219,6 +221,46 @@ def test_join_set_id_and_last_id(runner: WasmWorkflowRunner) -> None:
 def test_await_next_with_the_childs_id(runner: WasmWorkflowRunner) -> None:
     outcome, host = run(runner, "with-id", ["hi"])
     assert outcome == WfOk(f"{host.execution_id}.g:1_1 hi")
+
+
+def test_json_api(runner: WasmWorkflowRunner) -> None:
+    outcome, host = run(runner, "json", [])
+    assert outcome == WfOk("5 2")  # call-json's ok JSON, get-result-json's ok JSON
+    assert calls(host) == [
+        ("call", ADD, [2, 3]),
+        ("join_set_create", None),
+        ("submit", "g:1", ADD, [1, 1]),
+        ("join_next_try", "g:1"),
+        ("join_set_close", "g:1"),  # explicit close; dropping the handle adds nothing
+    ]
+
+
+def test_ids_and_randoms(runner: WasmWorkflowRunner) -> None:
+    outcome, host = run(runner, "ids-and-randoms", [])
+    assert isinstance(outcome, WfOk)
+    current, generated, text, number = outcome.value
+    assert (current, generated, number) == (host.execution_id, "E_GENERATED000000000000001", 7)
+    assert len(text) == 3
+    assert calls(host) == [
+        ("execution_id_generate",),
+        ("random_string", 3, 4),
+        ("random_u64", 7, 7),
+    ]
+
+
+def test_stub_extension_and_stub_json(runner: WasmWorkflowRunner) -> None:
+    host = FakeHost(functions(), never_finish=frozenset({ECHO}))
+    outcome, _ = run(runner, "stub", ["x"], host)
+    assert outcome == WfOk("stubbed err")  # the second stub is refused
+    child = f"{host.execution_id}.g:1_1"
+    assert calls(host) == [
+        ("join_set_create", None),
+        ("submit", "g:1", ECHO, ["x"]),
+        ("stub", child, {"ok": "stubbed"}),
+        ("join_next", "g:1", ECHO),
+        ("stub", child, {"ok": "again"}),
+        ("join_set_close", "g:1"),
+    ]
 
 
 def test_schedule_extension(runner: WasmWorkflowRunner) -> None:
@@ -509,3 +551,105 @@ def test_demo_wit_is_the_engines() -> None:
         wit / "workflow@1.0.0.wit"
     ).read_text()
     assert (deps / "obelisk_log" / "log.wit").read_text() == (wit / "log@1.0.0.wit").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Host functions' error channels and conversions, called directly
+
+
+def support(name: str, host: FakeHost, *args: Any) -> Any:
+    """Call a `workflow-support` host function outside wasm; its result as §9.2 JSON."""
+    result_types = {
+        "call-json": wr._CALL_JSON_RESULT,
+        "get-result-json": wr._GET_RESULT_JSON_RESULT,
+        "stub-json": wr._STUB_JSON_RESULT,
+        "schedule-json": wr._DYNAMIC_ID_RESULT,
+    }
+    value = wr._SUPPORT[name](wr._Run(host, None), None, *args)
+    return wasmtime_to_json(value, result_types[name])
+
+
+def function(ffqn: str) -> Any:
+    interface, _, name = ffqn.rpartition(".")
+    return json_to_wasmtime(
+        {"interface_name": interface, "function_name": name},
+        parse_wit_type("record { interface-name: string, function-name: string }"),
+    )
+
+
+def execution_id(value: str) -> Any:
+    return json_to_wasmtime({"id": value}, wr.EXECUTION_ID)
+
+
+def test_dynamic_call_errors() -> None:
+    host = FakeHost(functions())
+    assert support("call-json", host, function(ADD), "[1, 2]") == {"ok": {"ok": "3"}}
+    assert support("call-json", host, function("a:b/c.nope"), "[]") == {"err": "function-not-found"}
+    bad = support("call-json", host, function("nonsense.f"), "[]")
+    assert list(bad["err"]) == ["ffqn-parsing-error"]
+    assert support("call-json", host, function(ADD), "{}") == {
+        "err": {"type-check-error": "params must be a JSON array"}
+    }
+    assert "not JSON" in support("call-json", host, function(ADD), "[")["err"]["type-check-error"]
+    scheduled = support(
+        "schedule-json", host, wr._to_guest("now", wr.SCHEDULE_AT, "x"), function(ADD), "[1, 2]"
+    )
+    assert scheduled == {"ok": {"id": "E_SCHEDULED000000000000001"}}
+
+
+def test_get_result_and_stub_json_errors() -> None:
+    host = FakeHost(functions())
+    assert support("get-result-json", host, execution_id("E_nothing")) == {
+        "err": "not-found-in-processed-responses"
+    }
+    assert list(support("get-result-json", host, execution_id("x"))["err"]) == [
+        "execution-id-parsing-error"
+    ]
+    assert list(support("stub-json", host, execution_id("E_x.g:1_1"), "{")["err"]) == [
+        "type-check-error"
+    ]
+    assert support("stub-json", host, execution_id("E_x.g:1_1"), '{"ok": 1}') == {
+        "err": "execution-not-found"
+    }
+
+
+@pytest.mark.parametrize(
+    ("err_type", "expected"),
+    [
+        ("string", "execution-failed"),
+        ("variant { execution-failed, other(string) }", "execution-failed"),
+        ("variant { other, execution-failed(string) }", {"execution-failed": "slow"}),
+        ("enum { other, execution-failed }", "execution-failed"),
+    ],
+)
+def test_child_failure_in_the_err_type(err_type: str, expected: Any) -> None:
+    failure = {"execution_failure": {"kind": "timed_out", "reason": "slow", "detail": None}}
+    returns = parse_wit_type(f"result<u32, {err_type}>")
+    assert isinstance(returns, WitResult)
+    assert wr._typed_result(failure, returns, "child") == {"err": expected}
+    assert wr._typed_result({"ok": 1}, returns, "child") == {"ok": 1}
+
+
+def test_child_failure_that_the_err_type_cannot_hold() -> None:
+    returns = parse_wit_type("result<u32, u32>")
+    assert isinstance(returns, WitResult)
+    failure = {"execution_failure": {"kind": "cancelled", "reason": "", "detail": None}}
+    with pytest.raises(wr._GuestError, match=r"child ended in an execution failure \(cancelled\)"):
+        wr._typed_result(failure, returns, "child")
+    assert wr._typed_result(failure, WitResult(ok=returns.ok), "child") == {"err": None}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("now", "now"),
+        ({"at": {"seconds": 12, "nanoseconds": 345_000_000}}, ("at", 12_345)),
+        ({"in": {"milliseconds": 7}}, ("in", 7)),
+        ({"in": {"seconds": 2}}, ("in", 2_000)),
+        ({"in": {"minutes": 5}}, ("in", 300_000)),
+        ({"in": {"hours": 1}}, ("in", 3_600_000)),
+        ({"in": {"days": 2}}, ("in", 172_800_000)),
+    ],
+)
+def test_schedule_at(value: Any, expected: Any) -> None:
+    assert wr._schedule_at(value) == expected
