@@ -223,7 +223,7 @@ async def legal(engine: Engine, execution_id: str) -> list[ev.StoredEvent]:
 
 
 def types(events: list[ev.StoredEvent]) -> list[str]:
-    return [e.event.__struct_config__.tag for e in events]  # type: ignore[attr-defined]
+    return [e.event.__struct_config__.tag for e in events]  # type: ignore[attr-defined,misc]
 
 
 def history(events: list[ev.StoredEvent]) -> list[ev.HistoryEventKind]:
@@ -492,3 +492,166 @@ async def test_pause_running_workflow(engine: Engine) -> None:
     assert await engine.result(eid, timeout=15) == ev.ResultOk(f"{acc + 1}:true")
     events = await legal(engine, eid)
     assert types(events).count("paused") == types(events).count("unpaused") == 2
+
+
+# ---------------------------------------------------------------------------------------
+# The driver against logs written directly (crash safety, idempotence, lock expiry)
+# ---------------------------------------------------------------------------------------
+
+WF_ID = ev.ComponentId("workflow_js", "parent", "sha256:" + "0" * 64)
+ACT_ID = ev.ComponentId("activity_js", "quick", "sha256:" + "1" * 64)
+# No executor serves these: nothing but the driver (and the test) writes to them.
+P_FFQN, W_FFQN, C_FFQN, A_FFQN = (
+    "test:direct/wf.parent-cancellable",
+    "test:direct/wf.plain",
+    "test:direct/wf.child-cancellable",
+    "test:direct/acts.quick",
+)
+
+
+async def direct_parent(
+    engine: Engine, *, blocked: bool, lock_expiry: float = 60
+) -> dict[str, str]:
+    """A cancellable parent whose (gone) run wrote: g:1 = [activity A, delay D], n:b =
+    [plain workflow W, cancellable workflow C], then either blocked on n:b or died while
+    holding its lock."""
+    from datetime import timedelta
+
+    from engine.core.ids import ExecutionId, JoinSetId
+    from engine.storage.contract import AppendExtras, CreateRequest
+
+    storage, now = engine.storage, engine.clock.now()
+    p = ExecutionId.generate()
+    g1, nb = JoinSetId("g", "1"), JoinSetId("n", "b")
+    ids = {
+        "P": str(p),
+        "A": str(p.child(g1, 1)),
+        "D": str(p.delay(g1, 2)),
+        "W": str(p.child(nb, 1)),
+        "C": str(p.child(nb, 2)),
+    }
+
+    def created(ffqn: str, component: ev.ComponentId, parent: str | None = None) -> ev.Created:
+        js = None if parent is None else (ids["P"], parent)
+        return ev.Created(ffqn, [], now, component, engine.deployment_id, js)
+
+    await storage.create(CreateRequest(ids["P"], created(P_FFQN, WF_ID)), now)
+    [locked] = await storage.lock_pending(
+        ffqns=[P_FFQN],
+        batch_size=1,
+        now=now,
+        component_id=WF_ID,
+        executor_id="Exr_01JKX3M7V9Q2R8T5W0Y4Z6A1BC",
+        run_id="Run_01JKX3M7V9Q2R8T5W0Y4Z6A1BC",
+        lock_expires_at=now + timedelta(seconds=lock_expiry),
+        retry_config=ev.RetryConfig(None, 100),
+    )
+    hour = now + timedelta(hours=1)
+
+    def child(js: JoinSetId, key: str, ffqn: str) -> ev.HistoryEvent:
+        return ev.HistoryEvent(
+            ev.JoinSetRequest(str(js), ev.ChildExecutionRequest(ids[key], ffqn, []))
+        )
+
+    history = [
+        ev.HistoryEvent(ev.JoinSetCreate(str(g1))),
+        child(g1, "A", A_FFQN),
+        ev.HistoryEvent(
+            ev.JoinSetRequest(str(g1), ev.DelayRequest(ids["D"], hour, ev.ScheduleAtIn(3600000)))
+        ),
+        ev.HistoryEvent(ev.JoinSetCreate(str(nb))),
+        child(nb, "W", W_FFQN),
+        child(nb, "C", C_FFQN),
+    ]
+    if blocked:
+        history.append(ev.HistoryEvent(ev.JoinNext(str(nb), locked.lock_expires_at)))
+    creates = [
+        CreateRequest(ids["A"], created(A_FFQN, ACT_ID, str(g1))),
+        CreateRequest(ids["W"], created(W_FFQN, WF_ID, str(nb))),
+        CreateRequest(ids["C"], created(C_FFQN, WF_ID, str(nb))),
+    ]
+    await storage.append(ids["P"], locked.next_version, history, now, AppendExtras(creates=creates))
+    return ids
+
+
+async def test_driver_is_idempotent_and_restartable(start_engine: StartEngine) -> None:
+    from engine.workflow.cancellation import CancellationDriver
+
+    engine = await start_engine(DEPLOYMENT, files=FILES, run_executors=False, run_watcher=False)
+    storage = engine.storage
+    ids = await direct_parent(engine, blocked=True)
+    await engine.cancel(ids["P"])
+
+    async def snapshot() -> list[Any]:
+        return [
+            [await storage.get_events(eid), await storage.get_responses(eid)]
+            for eid in (ids["P"], ids["C"], ids["A"])
+        ]
+
+    async def settle() -> list[ev.StoredEvent]:
+        """Passes of brand-new drivers (an engine restarted between any two passes)
+        until nothing changes any more: a pass with nothing to do writes nothing."""
+        before = await snapshot()
+        for _ in range(20):
+            await CancellationDriver(storage, engine.clock).tick()
+            after = await snapshot()
+            if after == before:
+                return await storage.get_events(ids["P"])
+            before = after
+        raise AssertionError("the driver keeps writing")
+
+    # The driver tears n:b down: C is cancelled (and, having no join sets, finished,
+    # which answers P's blocked join_next), W is awaited with one closing join_next; g:1
+    # waits for n:b to be closed.
+    events = await settle()
+    tags = types(events)
+    assert tags[tags.index("cancellation_requested") :] == [
+        "cancellation_requested",
+        "history_event",
+    ]
+    assert closing_join_nexts(events) == ["n:b"]
+    assert await engine.result(ids["C"], timeout=1) == CANCELLED
+    assert not (await storage.get_summary(ids["W"])).cancelling  # awaited, not cancelled
+    assert (await storage.get_summary(ids["A"])).result is None  # g:1 is not closed yet
+    # W finishes by itself: g:1 is torn down (delay, then activity) and P finishes.
+    w = await storage.get_summary(ids["W"])
+    now = engine.clock.now()
+    await storage.append(ids["W"], w.next_version, [ev.Finished(ev.ResultOk("w"))], now)
+    events = await settle()
+    assert closing_join_nexts(events) == ["n:b", "g:1", "g:1"]
+    assert await engine.result(ids["P"], timeout=1) == CANCELLED
+    assert await engine.result(ids["A"], timeout=1) == CANCELLED
+    sources = [
+        r.response.child_execution_id
+        if isinstance(r.response, ev.ChildExecutionFinished)
+        else r.response.delay_id
+        for r in await storage.get_responses(ids["P"])
+    ]
+    assert sources == [ids["C"], ids["W"], ids["D"], ids["A"]]
+    await legal(engine, ids["P"])
+    await legal(engine, ids["C"])
+    assert await settle() == events  # finished: nothing more, ever
+
+
+async def test_expired_lock_of_a_cancelling_workflow_is_released_for_the_teardown(
+    start_engine: StartEngine,
+) -> None:
+    """The engine died while a cancellable workflow was locked; its lock expires. The
+    driver releases it (at the expiry, before the timers watcher would finish it without
+    closing its join sets) and tears it down."""
+    engine = await start_engine(DEPLOYMENT, files=FILES, run_executors=False, run_watcher=False)
+    ids = await direct_parent(engine, blocked=False, lock_expiry=0.3)
+    await engine.cancel(ids["P"])
+    engine.watcher.start()
+    engine.canceller.start()
+    w = await engine.storage.get_summary(ids["W"])
+    await engine.storage.append(
+        ids["W"], w.next_version, [ev.Finished(ev.ResultOk("w"))], engine.clock.now()
+    )
+    assert await engine.result(ids["P"], timeout=10) == CANCELLED
+    events = await legal(engine, ids["P"])
+    unlocked = [e.event for e in events if isinstance(e.event, ev.Unlocked)]
+    assert unlocked == [ev.Unlocked(unlocked[0].backoff_expires_at, "cancelled")]
+    assert closing_join_nexts(events) == ["n:b", "n:b", "g:1", "g:1"]
+    for key in ("A", "C"):
+        assert await engine.result(ids[key], timeout=1) == CANCELLED
