@@ -75,7 +75,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1730,12 +1730,3 @@ def _compare(t: _Target, deployed: FunctionSignature) -> str | None:
             f"the deployed function returns {want}, the import expects {format_wit_type(t.returns)}"
         )
     return None
-
-
-def iter_wit_files() -> Iterator[tuple[str, str]]:
-    """The obelisk WIT packages this runtime provides: (file name, text)."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent / "wit" / "obelisk"
-    for name in ("types@1.0.0.wit", "workflow@1.0.0.wit", "log@1.0.0.wit"):
-        yield name, (root / name).read_text(encoding="utf-8")
