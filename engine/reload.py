@@ -417,12 +417,19 @@ class ReloadManager:
         engine.deployment_id = new_deployment_id()
         engine.registry = new
         upgrades: list[UpgradeResult] = []
-        error = None
+        upgrade_error: str | None = None
         if engine.run_executors:
-            upgrades, error = await self._apply(old, new)
+            upgrades, upgrade_error = await self._apply(old, new)
         pinned = await self._pinned_summary()
         status = self._make_status(
-            trigger, error is None, error, t0, changed_paths, changes, upgrades, pinned
+            trigger,
+            upgrade_error is None,
+            upgrade_error,
+            t0,
+            changed_paths,
+            changes,
+            upgrades,
+            pinned,
         )
         log.info(
             "deployment reloaded (%s): %s%s",

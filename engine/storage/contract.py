@@ -104,7 +104,7 @@ class ListFilter:
     before_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class UnfinishedExecution:
     """A not finished execution, for workflow upgrades (SPEC §9.3)."""
 

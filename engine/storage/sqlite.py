@@ -586,21 +586,22 @@ class SqliteStorage:
     async def unfinished_executions(
         self, ffqns: Sequence[str] | None = None, *, pinned_only: bool = False
     ) -> list[UnfinishedExecution]:
-        states = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling")
-        sql = (
-            "SELECT execution_id, ffqn, pinned_digest FROM executions "
-            f"WHERE state IN ({','.join('?' * len(states))})"
-        )
-        args: list[Any] = list(states)
+        sql = "SELECT execution_id, ffqn, pinned_digest FROM executions WHERE "
+        args: list[Any] = []
         if pinned_only:
-            sql += " AND pinned_digest IS NOT NULL"
+            # Through the partial index of pinned executions (few), not the state index.
+            sql += "pinned_digest IS NOT NULL AND state != 'finished'"
+        else:
+            states = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling")
+            sql += f"state IN ({','.join('?' * len(states))})"
+            args += states
         if ffqns is not None:
             if not ffqns:
                 return []
             sql += f" AND ffqn IN ({','.join('?' * len(ffqns))})"
             args += list(ffqns)
-        rows = await self._reader.execute_fetchall(sql + " ORDER BY execution_id", args)
-        return [UnfinishedExecution(e, f, d) for e, f, d in rows]
+        rows = await self._reader.execute_fetchall(sql, args)
+        return sorted(UnfinishedExecution(e, f, d) for e, f, d in rows)
 
     async def count_by_state(self) -> dict[str, int]:
         rows = await self._reader.execute_fetchall(
