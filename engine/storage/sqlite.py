@@ -1020,7 +1020,7 @@ def _append(
             f"but the next version is {s.next_version}"
         )
     creates = {c.execution_id: c for c in (extras.creates if extras else [])}
-    backtrace_of = {bt.at: _backtrace_id(conn, bt) for bt in backtraces}
+    backtrace_of = _backtrace_ids(conn, backtraces)
     t = _us(now)
     for index, event in enumerate(events):
         try:
@@ -1093,6 +1093,20 @@ def _backtrace_id(conn: sqlite3.Connection, bt: _PreparedBacktrace) -> int:
     return cursor.lastrowid
 
 
+def _backtrace_ids(
+    conn: sqlite3.Connection, backtraces: Sequence[_PreparedBacktrace]
+) -> dict[int, int]:
+    """`at` → backtrace id, looking each distinct stack up once."""
+    by_key: dict[bytes, int] = {}
+    out: dict[int, int] = {}
+    for bt in backtraces:
+        found = by_key.get(bt.key)
+        if found is None:
+            found = by_key[bt.key] = _backtrace_id(conn, bt)
+        out[bt.at] = found
+    return out
+
+
 def _replace_backtraces(
     conn: sqlite3.Connection,
     execution_id: str,
@@ -1106,12 +1120,11 @@ def _replace_backtraces(
         (execution_id, below_version),
     )
     count = 0
-    for bt in backtraces:
-        if bt.at >= below_version:
-            continue
+    ids = _backtrace_ids(conn, [bt for bt in backtraces if bt.at < below_version])
+    for version, backtrace_id in ids.items():
         cursor = conn.execute(
             "UPDATE events SET backtrace_id = ? WHERE execution_id = ? AND version = ?",
-            (_backtrace_id(conn, bt), execution_id, bt.at),
+            (backtrace_id, execution_id, version),
         )
         count += cursor.rowcount
     return count

@@ -18,8 +18,12 @@ from engine.cli import main
 from engine.core import events as ev
 from engine.engine import Engine
 from engine.server.api import make_app
+from engine.storage import sqlite as sqlite_backend
+from engine.storage.contract import AppendExtras, ComponentSource, NotFound, VersionConflict
 from engine.storage.sqlite import SqliteStorage
+from engine.workflow.host_api import Frame
 from tests.engine.conftest import StartEngine
+from tests.storage.conftest import WORKFLOW, WORKFLOW_FFQN, Executor, at, create_request
 
 TOKEN = "backtrace-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -184,6 +188,114 @@ async def api(
     engine = await start()
     async with TestClient(TestServer(make_app(engine, TOKEN)), headers=AUTH) as client:
         yield engine, client
+
+
+# ---------------------------------------------------------------------------------------
+# Storage
+# ---------------------------------------------------------------------------------------
+
+
+async def locked_workflow(storage: SqliteStorage) -> tuple[str, int]:
+    request = create_request(ffqn=WORKFLOW_FFQN)
+    await storage.create(request, at(0))
+    [locked] = await storage.lock_pending(
+        **Executor([WORKFLOW_FFQN], WORKFLOW).lock_args(at(1), expiry=60)
+    )
+    return request.execution_id, locked.next_version
+
+
+_JOIN_SETS = iter(range(1, 1_000_000))
+
+
+def history(n: int) -> list[ev.Event]:
+    """`n` history events (join set creations, each a new join set)."""
+    return [ev.HistoryEvent(ev.JoinSetCreate(f"g:{next(_JOIN_SETS)}")) for _ in range(n)]
+
+
+async def test_storage_stores_deduplicates_and_replaces(tmp_path: Path) -> None:
+    storage = await SqliteStorage.open(tmp_path / "db.sqlite")
+    try:
+        eid, version = await locked_workflow(storage)
+        a = [Frame("/w/wf.js", 7, 3, "wf"), Frame("/w/wf.js", 2, 1, "")]
+        b = [Frame("/w/wf.js", 9, 3, "wf")]
+        # Index 1 has no stack (left out); an empty stack is not stored either.
+        extras = AppendExtras(
+            backtraces=[(0, a), (2, b), (3, [])], component_digest="sha256:v1"
+        )
+        await storage.append(eid, version, history(4), at(2), extras)
+        # A failed append stores nothing.
+        with pytest.raises(VersionConflict):
+            await storage.append(
+                eid, version, history(1), at(2),
+                AppendExtras(backtraces=[(0, [Frame("/w/x.js", 1, 1)])], component_digest="x"),
+            )
+        # The same frames in a later append: the same row.
+        await storage.append(
+            eid, version + 4, history(1), at(3),
+            AppendExtras(backtraces=[(0, list(a))], component_digest="sha256:v1"),
+        )
+        got = {v: await storage.get_backtrace(eid, v) for v in range(version, version + 5)}
+        assert got[version + 1] is None and got[version + 3] is None
+        first, second, again = got[version], got[version + 2], got[version + 4]
+        assert first is not None and second is not None and again is not None
+        assert first.frames == a and second.frames == b
+        assert first.component_digest == "sha256:v1"
+        assert again.backtrace_id == first.backtrace_id
+        # Same frames of another component version: another row.
+        await storage.append(
+            eid, version + 5, history(1), at(4),
+            AppendExtras(backtraces=[(0, a)], component_digest="sha256:v2"),
+        )
+        other = await storage.get_backtrace(eid, version + 5)
+        assert other is not None and other.backtrace_id != first.backtrace_id
+        with sqlite3.connect(storage.path) as conn:
+            assert conn.execute("SELECT count(*) FROM backtraces").fetchone()[0] == 3
+
+        # Replace below a version: the others keep theirs; versions past it are ignored.
+        stored = await storage.replace_backtraces(
+            eid, "sha256:v3", [(version + 1, b), (version + 5, b)], version + 5
+        )
+        assert stored == 1
+        replaced = await storage.get_backtrace(eid, version + 1)
+        assert replaced is not None and replaced.component_digest == "sha256:v3"
+        assert await storage.get_backtrace(eid, version) is None
+        assert await storage.get_backtrace(eid, version + 5) == other
+        with pytest.raises(NotFound):
+            await storage.get_backtrace("E_01JAAAAAAAAAAAAAAAAAAAAAAA", 1)
+        with pytest.raises(NotFound):
+            await storage.replace_backtraces("E_01JAAAAAAAAAAAAAAAAAAAAAAA", "", [], 1)
+
+        # Sources: the first one kept for a digest stays.
+        await storage.save_component_sources([ComponentSource("sha256:v1", "/w/wf.js", "one")])
+        await storage.save_component_sources([ComponentSource("sha256:v1", "/w/wf.js", "two")])
+        assert await storage.get_component_source("sha256:v1") == ComponentSource(
+            "sha256:v1", "/w/wf.js", "one"
+        )
+        assert await storage.get_component_source("sha256:nope") is None
+    finally:
+        await storage.close()
+
+
+async def test_schema_2_database_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as conn:
+        for script in sqlite_backend.MIGRATIONS[:2]:
+            conn.executescript(script)
+        conn.execute("PRAGMA user_version = 2")
+    storage = await SqliteStorage.open(path)
+    try:
+        eid, version = await locked_workflow(storage)
+        frames = [Frame("/w/wf.js", 4, 2, "wf")]
+        await storage.append(
+            eid, version, history(1), at(2),
+            AppendExtras(backtraces=[(0, frames)], component_digest="sha256:v1"),
+        )
+        bt = await storage.get_backtrace(eid, version)
+        assert bt is not None and bt.frames == frames
+    finally:
+        await storage.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_backend.SCHEMA_VERSION
 
 
 # ---------------------------------------------------------------------------------------
