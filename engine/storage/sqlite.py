@@ -416,7 +416,11 @@ class SqliteStorage:
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
     ) -> None:
-        await self._write(lambda c, n: _add_response(c, n, execution_id, response, now))
+        await self._write(
+            lambda c, n: _add_response(
+                c, n, execution_id, response, _after_last_write(c, execution_id, now)
+            )
+        )
 
     async def append_upgrade_finished(
         self,
@@ -876,6 +880,23 @@ def _load_summary(conn: sqlite3.Connection, execution_id: str) -> ExecutionSumma
     return _summary_decoder.decode(row[0])
 
 
+def _after_last_write(conn: sqlite3.Connection, execution_id: str, now: datetime) -> datetime:
+    """`now`, or just after the execution's last write if that is later.
+
+    Callers take `now` before their transaction is queued (a workflow run on its worker
+    thread, the watcher before a read), so transactions can commit out of timestamp
+    order. A log is read back by interleaving events and responses by time
+    (`replay_stored`, the console): a transaction of an execution never gets a timestamp
+    before the previous one, so that this order is the commit order.
+    """
+    row = conn.execute(
+        "SELECT updated_at FROM executions WHERE execution_id = ?", (execution_id,)
+    ).fetchone()
+    if row is None or row[0] <= _us(now):
+        return now
+    return _dt(row[0] + 1)
+
+
 def _projection(s: ExecutionSummary) -> tuple[str, int | None, int | None]:
     state = s.state
     u = s.underlying
@@ -953,13 +974,14 @@ def _lock_pending(
     result: list[LockedExecution] = []
     blob = ev.encode(locked)
     for execution_id, summary_blob in rows:
-        s = apply_event(_summary_decoder.decode(summary_blob), locked, now)
+        at = _after_last_write(conn, execution_id, now)
+        s = apply_event(_summary_decoder.decode(summary_blob), locked, at)
         version = s.next_version - 1
         conn.execute(
             "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
-            (execution_id, version, _us(now), blob),
+            (execution_id, version, _us(at), blob),
         )
-        _write_summary(conn, execution_id, s, now)
+        _write_summary(conn, execution_id, s, at)
         stored_events = None
         stored_responses = None
         if with_log:
@@ -1021,6 +1043,7 @@ def _append(
         )
     creates = {c.execution_id: c for c in (extras.creates if extras else [])}
     backtrace_of = _backtrace_ids(conn, backtraces)
+    now = _after_last_write(conn, execution_id, now)
     t = _us(now)
     for index, event in enumerate(events):
         try:
@@ -1064,7 +1087,7 @@ def _append(
                         ev.ChildExecutionFinished(
                             execution_id, str(join_set), s.next_version - 1, result
                         ),
-                        now,
+                        _after_last_write(conn, str(parent_id), now),
                     )
             case ev.CancellationRequested():
                 notes.cancelled.add(execution_id)
@@ -1259,7 +1282,11 @@ def _cancel_delay(
         raise NotFound(f"delay {delay_id} not found")
     execution_id, join_set_id = row
     _add_response(
-        conn, notes, execution_id, ev.DelayFinished(delay_id, join_set_id, "cancelled"), now
+        conn,
+        notes,
+        execution_id,
+        ev.DelayFinished(delay_id, join_set_id, "cancelled"),
+        _after_last_write(conn, execution_id, now),
     )
     return _load_summary(conn, execution_id)
 
