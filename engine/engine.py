@@ -23,6 +23,7 @@ from engine.executor import ActivityExecutor, BaseExecutor, TimersWatcher
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
 from engine.storage.contract import CreateRequest, Storage, VersionConflict
 from engine.storage.sqlite import SqliteStorage
+from engine.workers.pool import RunPool
 from engine.workflow.cancellation import CancellationDriver
 from engine.workflow.executor import WorkflowExecutor
 
@@ -47,7 +48,8 @@ class Engine:
         self.data_dir = data_dir
         self.wasm_engine = wasm_engine
         self.deployment_id = new_deployment_id()
-        self.threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="obelisk-run")
+        # Activity runs: few threads while runs are short, up to 64 when they block.
+        self.threads = RunPool(max_workers=64, thread_name_prefix="obelisk-run")
         # Workflow runs block their thread while awaiting children (strategy `await`).
         self.workflow_threads = ThreadPoolExecutor(max_workers=256, thread_name_prefix="obelisk-wf")
         self.executors: list[BaseExecutor] = []

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,6 +41,7 @@ from engine.workers.outcome import (
     RunTimedOut,
     RunTrap,
 )
+from engine.workers.pool import RunPool
 
 log = logging.getLogger("obelisk.executor")
 
@@ -104,7 +105,7 @@ class BaseExecutor:
         storage: Storage,
         component: LoadedComponent,
         clock: Clock,
-        threads: ThreadPoolExecutor,
+        threads: Executor,
     ) -> None:
         self.storage = storage
         self.component = component
@@ -198,7 +199,7 @@ class ActivityExecutor(BaseExecutor):
         remaining = (locked.lock_expires_at - self.clock.now()).total_seconds()
         deadline = time.monotonic() + max(0.0, remaining)
         run = self._runner_call(locked, deadline, cancel, lines.append)
-        outcome = await asyncio.get_running_loop().run_in_executor(self.threads, run)
+        outcome = await _in_thread(self.threads, run)
         now = self.clock.now()
         if self._stopping and not isinstance(outcome, RunOk | RunErr):
             # Interrupted by shutdown, not by the activity: release without a retry.
@@ -269,6 +270,13 @@ class ActivityExecutor(BaseExecutor):
         except (Conflict, NotFound):
             return False
         return True
+
+
+def _in_thread(threads: Executor, fn: Callable[[], RunOutcome]) -> Awaitable[RunOutcome]:
+    """Run `fn` on a worker thread (one future and one loop wake-up with a `RunPool`)."""
+    if isinstance(threads, RunPool):
+        return threads.run_async(fn)
+    return asyncio.get_running_loop().run_in_executor(threads, fn)
 
 
 def _ok_type(return_type: Any) -> Any:
