@@ -24,6 +24,8 @@ deployment brings that digest back or a later version passes its upgrade check; 
 reported under `pinned` in the status. Executions of a workflow component removed from
 the deployment wait the same way for it to come back. The upgrade check happens on
 reloads: a workflow file edited while the engine is down is not checked at start.
+Engines sharing one database each watch and reload on their own; until all of them have
+reloaded, one still running the old version may run an upgraded execution on it.
 
 Clients are told about reloads through `ReloadManager.status()` (the last attempt: when,
 ok or the error in full, component changes, upgrade outcomes) and `subscribe()` (every

@@ -72,6 +72,11 @@ class DryRunHost(ReplayHost):
 
     COMPATIBLE = "compatible"
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        #: Which export a multi-function (WASM) component runs.
+        self.ffqn: str = kwargs["locked"].ffqn
+
     def _next_recorded(self) -> tuple[int, ev.HistoryEventKind] | None:
         if self.cursor >= len(self.history):
             raise self._abort(self.COMPATIBLE, "the new code reached the end of the history")
