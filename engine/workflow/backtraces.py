@@ -6,7 +6,9 @@ with it (`AppendExtras.backtraces`, deduplicated by the storage). Replays write 
 so they never change the backtraces of existing events.
 
 `persist_backtraces` (re)captures them for one execution: it replays the execution's log
-against the code deployed now for its function in a dry run (`upgrade.DryRunHost`:
+against its current code (the version that runs it: the deployed one, or an old one
+still loaded for executions pinned to it after a failed upgrade) in a dry run
+(`upgrade.DryRunHost`:
 answered from the history only, nothing written, stopped at the end of the history),
 takes the stack of every history event the code reproduced (matched by position), and
 replaces the execution's stored backtraces with them.
@@ -31,7 +33,7 @@ from engine.core.ids import new_run_id
 from engine.errors import Conflict
 from engine.storage.contract import ComponentSource, LockedExecution, Storage
 from engine.workflow.host_api import Frame
-from engine.workflow.upgrade import DryRunHost, check_compatible
+from engine.workflow.upgrade import DryRunHost, check_compatible, running_digest
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -125,6 +127,22 @@ class PersistedBacktraces:
     stored: int
 
 
+def _current_code(
+    engine: Engine, ffqn: str, events: list[ev.StoredEvent]
+) -> tuple[LoadedComponent, Registry]:
+    """The code that runs the execution now, with the registry it runs in: an old version
+    still loaded for pinned executions when the log says it ran on that one, else the
+    deployed one."""
+    _, deployed = engine.registry.function(ffqn)
+    digest = running_digest(events)
+    if digest is not None and digest != deployed.component_id.digest:
+        for executor in engine.executors:
+            c = executor.component
+            if c.component_id.digest == digest and ffqn in c.functions:
+                return c, getattr(executor, "registry", engine.registry)
+    return deployed, engine.registry
+
+
 async def persist_backtraces(engine: Engine, execution_id: str) -> PersistedBacktraces:
     """Replay the execution (finished or not) against its current code without writing
     history, and store the backtraces of its events, replacing the older ones.
@@ -133,14 +151,14 @@ async def persist_backtraces(engine: Engine, execution_id: str) -> PersistedBack
     Conflict: not a JS workflow, or its log does not replay against the deployed code."""
     storage = engine.storage
     summary = await storage.get_summary(execution_id)
-    _, component = engine.registry.function(summary.ffqn)
+    events = await storage.get_events(execution_id)
+    responses = await storage.get_responses(execution_id)
+    component, registry = _current_code(engine, summary.ffqn, events)
     if component.config.type != "workflow_js" or component.runner is None:
         raise Conflict(
             f"execution {execution_id} ({summary.ffqn}) is not a JS workflow: "
             "only workflow_js executions have backtraces"
         )
-    events = await storage.get_events(execution_id)
-    responses = await storage.get_responses(execution_id)
     created = events[0].event
     assert isinstance(created, ev.Created)
     below_version = events[-1].version + 1
@@ -160,7 +178,7 @@ async def persist_backtraces(engine: Engine, execution_id: str) -> PersistedBack
     host = BacktraceCapture(
         locked=locked,
         storage=storage,
-        registry=engine.registry,
+        registry=registry,
         clock=engine.clock,
         loop=asyncio.get_running_loop(),
         component_id=component.component_id,
@@ -175,10 +193,11 @@ async def persist_backtraces(engine: Engine, execution_id: str) -> PersistedBack
     if not ok:
         raise Conflict(
             f"cannot capture the backtraces of execution {execution_id}: its log does not "
-            f"replay against the deployed code of {summary.ffqn} ({reason})"
+            f"replay against the current code of {summary.ffqn} "
+            f"({component.component_id.digest}): {reason}"
         )
     digest = component.component_id.digest
-    await save_component_sources(storage, engine.registry)
+    await storage.save_component_sources(component_sources([component]))
     stored = await storage.replace_backtraces(execution_id, digest, host.captured, below_version)
     history = sum(1 for e in events if isinstance(e.event, ev.HistoryEvent))
     log.info("persisted %d backtraces of %s (%s)", stored, execution_id, digest)

@@ -592,3 +592,46 @@ async def test_persist_backtraces_cli(
     out, err = capsys.readouterr()
     assert code == 1
     assert err.startswith("error: ") and "not found" in err
+
+
+async def test_persist_backtraces_after_the_code_changed(
+    api: tuple[Engine, TestClient[Any, Any]], tmp_path: Path
+) -> None:
+    engine, client = api
+    eid = await engine.submit("myapp:demo/workflow.mixed", [])
+    assert await engine.result(eid, timeout=30) == ev.ResultOk("6")
+    before = await history_lines(engine, eid)
+    _, old = engine.registry.function("myapp:demo/workflow.mixed")
+    old_digest = old.component_id.digest
+
+    # A compatible edit that moves every line down by two.
+    shifted = "// a comment\n// another one\n" + MIXED_JS
+    (tmp_path / "mixed.js").write_text(shifted)
+    status = await engine.reload()
+    assert status.ok, status.error
+    _, new = engine.registry.function("myapp:demo/workflow.mixed")
+    new_digest = new.component_id.digest
+    assert new_digest != old_digest
+
+    r = await client.put(f"/v1/executions/{eid}/backtraces")
+    assert r.status == 200, await r.text()
+    assert (await r.json())["component_digest"] == new_digest
+    after = await history_lines(engine, eid)
+    assert after == [(v, e, None if line is None else line + 2) for v, e, line in before]
+    bt = await engine.storage.get_backtrace(eid, after[1][0])
+    assert bt is not None and bt.component_digest == new_digest
+    r = await client.get(f"/v1/components/{new_digest}/source")
+    source = (await r.json())["source"]
+    assert source == shifted
+    assert "stepSubmit(js, 1, 0)" in source.splitlines()[after[1][2] - 1]  # type: ignore[operator]
+    r = await client.get(f"/v1/components/{old_digest}/source")
+    assert (await r.json())["source"] == MIXED_JS
+
+    # An incompatible edit: refused, the stored backtraces stay.
+    (tmp_path / "mixed.js").write_text(MIXED_JS.replace("stepSubmit(js, 2, 0);", ""))
+    status = await engine.reload()
+    assert status.ok, status.error
+    r = await client.put(f"/v1/executions/{eid}/backtraces")
+    assert r.status == 409
+    assert "does not replay" in (await r.json())["error"]
+    assert await history_lines(engine, eid) == after
