@@ -70,7 +70,7 @@ ffqn = "{ORDER}"
 params = [{{ name = "id", type = "string" }}]
 return_type = "result<string, string>"
 blocking_strategy = "{strategy}"
-exec.lock_expiry.seconds = 2
+exec.lock_expiry.seconds = 1
 exec.tick_sleep.milliseconds = 20
 """
 
