@@ -442,6 +442,27 @@ async def test_cancel_delay_from_the_api(engine: Engine, client: TestClient[Any,
     assert r.status == 400, await r.text()
 
 
+async def test_cancel_delay_from_the_cli(
+    engine: Engine,
+    client: TestClient[Any, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from engine.cli import main
+
+    eid = await engine.submit("test:wf/wf.sleeper", [])
+    await wait_state(engine, eid, "blocked_by_join_set")
+    (delay,) = delay_ids(await engine.storage.get_events(eid))
+    monkeypatch.setenv("OBELISK_API_TOKEN", TOKEN)
+    url = str(client.make_url("")).rstrip("/")
+    # The client is synchronous: run it on a thread while the loop serves the API.
+    assert await asyncio.to_thread(main, ["delay", "cancel", delay, "--api-url", url]) == 0
+    assert f"cancelled delay {delay}: {eid}" in capsys.readouterr().out
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("cancelled")
+    assert await asyncio.to_thread(main, ["delay", "cancel", delay, "--api-url", url]) == 1
+    assert "already finished" in capsys.readouterr().err
+
+
 async def test_cancel_delay_errors(engine: Engine) -> None:
     with pytest.raises(InvalidParams):
         await engine.cancel_delay("E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC")
