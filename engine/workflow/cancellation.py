@@ -206,6 +206,8 @@ class CancellationDriver:
                 changed = await listener.wait_cancelling(next_scan - loop.time())
                 if changed:
                     await self.handle(sorted(changed))
+                    # A locked one may have been seen: be there when its lock expires.
+                    next_scan = min(next_scan, loop.time() + self._until_next_scan())
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug or a storage failure: log, keep driving

@@ -661,10 +661,11 @@ async def test_expired_lock_of_a_cancelling_workflow_is_released_for_the_teardow
     driver releases it (at the expiry, before the timers watcher would finish it without
     closing its join sets) and tears it down."""
     engine = await start_engine(DEPLOYMENT, files=FILES, run_executors=False, run_watcher=False)
-    ids = await direct_parent(engine, blocked=False, lock_expiry=0.3)
-    await engine.cancel(ids["P"])
+    ids = await direct_parent(engine, blocked=False, lock_expiry=0.4)
     engine.watcher.start()
     engine.canceller.start()
+    await asyncio.sleep(0.1)  # both idle: the driver learns of the cancellation by a wake-up
+    await engine.cancel(ids["P"])
     w = await engine.storage.get_summary(ids["W"])
     await engine.storage.append(
         ids["W"], w.next_version, [ev.Finished(ev.ResultOk("w"))], engine.clock.now()
