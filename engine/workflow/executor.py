@@ -20,7 +20,7 @@ from engine.components import Registry
 from engine.core import events as ev
 from engine.core.state import Locked, on_temporary_failure
 from engine.executor import BaseExecutor, _ok_type
-from engine.storage.contract import Conflict, LockedExecution, NotFound
+from engine.storage.contract import AppendExtras, Conflict, LockedExecution, NotFound
 from engine.wit.codec import WitValueError, validate_json
 from engine.workflow.host import ReplayHost
 from engine.workflow.host_api import RunAborted
@@ -173,10 +173,12 @@ class WorkflowExecutor(BaseExecutor):
         if host.failure is None:
             return  # unloaded / lock lost / released: nothing to write
         now = self.clock.now()
+        # The guest's logs up to the failure are kept (they tell what it did).
+        extras = AppendExtras(logs=host.logs, run_id=host.run_id)
         try:
             host._sync(
                 self.storage.append(
-                    host.execution_id, host.version, [ev.Finished(host.failure)], now
+                    host.execution_id, host.version, [ev.Finished(host.failure)], now, extras
                 )
             )
         except Conflict as e:

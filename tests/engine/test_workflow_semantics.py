@@ -314,13 +314,14 @@ export default function parentOfWorkflows() {{
 """
 
 
+@pytest.mark.parametrize("strategy", ["await", "interrupt"])
 async def test_close_awaits_child_workflows_and_cancels_cancellable_ones(
-    start_engine: StartEngine,
+    start_engine: StartEngine, strategy: str
 ) -> None:
     sleeper_params = '[{ name = "ms", type = "u32" }]'
     toml = (
         ACTIVITIES
-        + workflow("parentOfWorkflows", function="parent-of-workflows")
+        + workflow("parentOfWorkflows", function="parent-of-workflows", strategy=strategy)
         + workflow("sleeper", interface="myapp:demo/child", params=sleeper_params)
         + workflow(
             "sleeperC",
@@ -631,6 +632,7 @@ async def test_an_incompatible_edit_is_detected_as_nondeterminism(
     await wait_state(engine, eid, "blocked_by_join_set")
     await engine.stop()
     source, old_side, new_side = EDITS[edit]
+    source = source.replace("const a =", 'console.warn("new code");\n  const a =')
     engine = await start_edit_engine(start_engine, source)
     await engine.stub(child, {"ok": "x"})
     result = await engine.result(eid, timeout=20)
@@ -639,8 +641,10 @@ async def test_an_incompatible_edit_is_detected_as_nondeterminism(
     assert "version" in result.detail
     assert old_side in result.detail and new_side in result.detail
     events = await checked_log(engine, eid)
-    # Nothing was written by the new code before the mismatch was found.
+    # Nothing was written by the new code before the mismatch was found, but its logs
+    # up to there are kept.
     assert len(child_requests(events)) == 2
+    assert [line.message for line in await engine.storage.get_logs(eid)] == ["new code"]
 
 
 async def test_an_edit_adding_console_logs_replays_fine(start_engine: StartEngine) -> None:
