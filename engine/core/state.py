@@ -102,6 +102,10 @@ class ExecutionSummary(msgspec.Struct):
     #: A history event was written since the last `locked` (SPEC §6.3 "made progress").
     progressed_since_lock: bool = False
     join_sets: dict[str, JoinSetCounters] = msgspec.field(default_factory=dict)
+    #: One-off join sets (`o:…`) with their one request answered and consumed: out of
+    #: `join_sets`, whose counters would be (1, 1, 1), so that the summary of a long
+    #: workflow stays cheap to decode and validate (see `_forget_if_done`).
+    done_one_off: list[str] = msgspec.field(default_factory=list)
     #: Join sets that were created, including fully processed ones (ids must be unique).
     join_set_count: int = 0
     responses: int = 0
@@ -143,13 +147,37 @@ def created_summary(created: ev.Created, at: datetime) -> ExecutionSummary:
 
 
 def _copy(s: ExecutionSummary) -> ExecutionSummary:
-    # join_sets is mutated by history events: copy it so the input summary stays intact.
-    return msgspec.structs.replace(
-        s,
-        join_sets={
-            k: JoinSetCounters(v.submitted, v.received, v.consumed) for k, v in s.join_sets.items()
-        },
-    )
+    # A shallow copy: counters are never changed in place but replaced (`_counters`), and
+    # `done_one_off` is replaced, not mutated, so the input summary stays intact.
+    return msgspec.structs.replace(s, join_sets=dict(s.join_sets))
+
+
+_DONE = JoinSetCounters(1, 1, 1)
+
+
+def _counters(n: ExecutionSummary, js: str) -> JoinSetCounters | None:
+    """The counters of `js` in the new summary `n`, as a private copy that may be changed
+    (a done one-off join set is brought back into `join_sets`)."""
+    c = n.join_sets.get(js)
+    if c is None:
+        if not (js.startswith("o:") and js in n.done_one_off):
+            return None
+        c = _DONE
+        n.done_one_off = [d for d in n.done_one_off if d != js]
+    c = n.join_sets[js] = JoinSetCounters(c.submitted, c.received, c.consumed)
+    return c
+
+
+def _forget_if_done(n: ExecutionSummary, js: str) -> None:
+    """A one-off join set (a direct call, a sleep, a clock read) whose one request was
+    answered and consumed moves from `join_sets` to `done_one_off`: the summary of a
+    long workflow is decoded, validated and encoded on every write, and a list of ids
+    costs a fraction of a map of counters. Nothing changes for validation: `_counters`
+    brings it back as (1, 1, 1) if it is ever used again."""
+    c = n.join_sets.get(js)
+    if js.startswith("o:") and c == _DONE:
+        del n.join_sets[js]
+        n.done_one_off = [*n.done_one_off, js]
 
 
 def _require(cond: bool, message: str) -> None:
@@ -215,6 +243,7 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
             n.paused = False
             n.cancelling = False
             n.join_sets = {}
+            n.done_one_off = []
         case ev.HistoryEvent(event=h):
             _require(
                 isinstance(u, Locked) or s.cancelling,
@@ -247,16 +276,19 @@ def _apply_history(n: ExecutionSummary, h: ev.HistoryEventKind, now: datetime) -
     n.progressed_since_lock = True
     match h:
         case ev.JoinSetCreate(join_set_id=js):
-            _require(js not in n.join_sets, f"join set {js} already exists")
+            _require(
+                js not in n.join_sets and js not in n.done_one_off,
+                f"join set {js} already exists",
+            )
             n.join_sets[js] = JoinSetCounters()
             n.join_set_count += 1
         case ev.JoinSetRequest(join_set_id=js):
-            c = n.join_sets.get(js)
+            c = _counters(n, js)
             _require(c is not None, f"join set {js} does not exist or is closed")
             assert c is not None
             c.submitted += 1
         case ev.JoinNext(join_set_id=js, run_expires_at=run_expires_at, closing=closing):
-            c = n.join_sets.get(js)
+            c = _counters(n, js)
             _require(c is not None, f"join set {js} does not exist")
             assert c is not None
             _require(c.consumed < c.submitted, f"join_next on {js} with nothing left to await")
@@ -264,8 +296,10 @@ def _apply_history(n: ExecutionSummary, h: ev.HistoryEventKind, now: datetime) -
             if c.received < c.consumed:
                 blocked_run = n.last_lock
                 n.underlying = BlockedByJoinSet(js, run_expires_at, closing, blocked_run)
+            else:
+                _forget_if_done(n, js)
         case ev.JoinNextTry(join_set_id=js, outcome=outcome):
-            c = n.join_sets.get(js)
+            c = _counters(n, js)
             _require(c is not None, f"join set {js} does not exist")
             assert c is not None
             if outcome == "found":
@@ -279,11 +313,13 @@ def _apply_history(n: ExecutionSummary, h: ev.HistoryEventKind, now: datetime) -
                 )
             else:
                 _require(c.consumed == c.submitted, f"join_next_try all_processed on {js} is wrong")
+            _forget_if_done(n, js)
         case ev.JoinNextTooMany(join_set_id=js):
-            c = n.join_sets.get(js)
+            c = _counters(n, js)
             _require(c is not None, f"join set {js} does not exist")
             assert c is not None
             _require(c.consumed == c.submitted, f"join_next_too_many on {js} with requests left")
+            _forget_if_done(n, js)
         case ev.Persist() | ev.Schedule() | ev.Stub():
             pass
 
@@ -295,7 +331,7 @@ def apply_response(s: ExecutionSummary, response: ev.Response, now: datetime) ->
     if s.is_finished:
         return n  # late responses of a finished parent are kept, but change nothing
     js = response.join_set_id
-    c = n.join_sets.get(js)
+    c = _counters(n, js)
     if c is None:
         raise IllegalAppend(f"response for unknown join set {js}")
     _require(c.received < c.submitted, f"more responses than requests in join set {js}")
@@ -303,6 +339,7 @@ def apply_response(s: ExecutionSummary, response: ev.Response, now: datetime) ->
     u = n.underlying
     if isinstance(u, BlockedByJoinSet) and u.join_set_id == js and c.received >= c.consumed:
         n.underlying = PendingAt(max(u.lock_expires_at, now), u.blocked_run)
+    _forget_if_done(n, js)
     return n
 
 

@@ -158,6 +158,10 @@ class ReplayHost:
         self.aborted: AbortReason | None = None
         self.failure: ev.ExecutionFailure | None = None
         self._interrupt = threading.Event()
+        #: A response unblocked this warm run: its lock extension is written first by
+        #: the next flush instead of in a transaction of its own (one commit less per
+        #: blocking call; until then the execution is PendingAt, due at the old expiry).
+        self._extension_due = False
         self._waiting: concurrent.futures.Future[Any] | None = None
         #: While set, `flush` raises `_StaleView` for an append the state machine refused.
         self._stale_ok = False
@@ -256,7 +260,13 @@ class ReplayHost:
         if self.strategy != "await" or len(self._buffer) >= MAX_BUFFERED:
             self.flush()
 
-    def flush(self, extra: list[ev.Event] | None = None) -> Any:
+    def _take_lead(self, now: datetime) -> list[ev.Event]:
+        """The lock extension the next write starts with, if one is due (SPEC §6.2)."""
+        if self._extension_due or self.lock_expires_at - now < LOCK_EXTENSION_LEEWAY:
+            return [self._extension(now)]
+        return []
+
+    def flush(self, extra: list[ev.Event] | None = None, lead: list[ev.Event] | None = None) -> Any:
         """Write buffered events (and `extra`) in one transaction, with a lock extension
         first when the lock is about to expire; returns the summary (None: nothing to do).
 
@@ -266,18 +276,20 @@ class ReplayHost:
         events = self._buffer + (extra or [])
         now = self.clock.now()
         expiring = self.lock_expires_at - now < LOCK_EXTENSION_LEEWAY
-        if not events and not expiring:
+        if not events and not expiring and not lead:
             return None
         self._check()
         lock_expires_at = self.lock_expires_at
+        if lead is None:
+            lead = self._take_lead(now)
         # Backtraces (SPEC §7.4): buffered events keep the stack of the call that made
         # them; history events in `extra` are written by the call in progress.
-        stacks = self._buffer_stacks + [
-            self.stack if isinstance(e, ev.HistoryEvent) else [] for e in extra or ()
-        ]
-        if expiring:
-            events.insert(0, self._extension(now))
-            stacks.insert(0, [])
+        stacks = (
+            [[] for _ in lead]
+            + self._buffer_stacks
+            + [self.stack if isinstance(e, ev.HistoryEvent) else [] for e in extra or ()]
+        )
+        events = lead + events
         extras = AppendExtras(
             creates=self._creates,
             logs=self.logs,
@@ -300,6 +312,7 @@ class ReplayHost:
         self._buffer_stacks = []
         self._creates = []
         self.logs = []
+        self._extension_due = False
         self.version = summary.next_version
         return summary
 
@@ -559,10 +572,20 @@ class ReplayHost:
     def _new_join_next(
         self, join_set_id: str, requested_ffqn: str | None, closing: bool
     ) -> ev.StoredResponse:
+        if self.strategy == "await":
+            stored = self._take_response(join_set_id)
+            if stored is not None:
+                # Already in the database (fetched with an earlier one): this join_next
+                # does not block, so it is buffered like the other non-blocking events.
+                self._record(
+                    ev.JoinNext(join_set_id, self.lock_expires_at, requested_ffqn, closing)
+                )
+                return stored
         now = self.clock.now()
+        lead = self._take_lead(now)  # first: the join_next waits until the new expiry
         run_expires_at = self.lock_expires_at if self.strategy == "await" else now
         event = ev.HistoryEvent(ev.JoinNext(join_set_id, run_expires_at, requested_ffqn, closing))
-        summary = self.flush([event])
+        summary = self.flush([event], lead)
         if isinstance(summary.underlying, BlockedByJoinSet):
             return self._wait_response(join_set_id, blocked=True)
         # Answered already: the response is in the database.
@@ -586,8 +609,9 @@ class ReplayHost:
                 raise self._abort("unloaded", "lock expired while waiting for a response")
             self._fetch_responses(remaining)
         if blocked:
-            # The response unblocked us: continue this warm run with a lock extension.
-            self.flush([self._extension(self.clock.now())])
+            # The response unblocked us: continue this warm run; its lock extension is
+            # written first by the next flush.
+            self._extension_due = True
         return stored
 
     def join_next_try(self, join_set_id: str) -> JoinNextAnswer | Pending | AllProcessed:

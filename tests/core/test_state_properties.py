@@ -526,6 +526,7 @@ class Model:
             assert s.retry_config == self.retry
             assert s.progressed_since_lock == self.progressed
             got = {js: (c.submitted, c.received, c.consumed) for js, c in s.join_sets.items()}
+            got.update((js, (1, 1, 1)) for js in s.done_one_off)  # done one-off join sets
             want = {js: (m.submitted, m.received, m.consumed) for js, m in self.join_sets.items()}
             assert got == want
             assert s.join_set_count == self.created_join_sets
