@@ -284,7 +284,7 @@ class ReplayHost:
             lead = self._take_lead(now)
         # Backtraces (SPEC §7.4): buffered events keep the stack of the call that made
         # them; history events in `extra` are written by the call in progress.
-        stacks = (
+        stacks: list[list[Frame]] = (
             [[] for _ in lead]
             + self._buffer_stacks
             + [self.stack if isinstance(e, ev.HistoryEvent) else [] for e in extra or ()]
