@@ -2,8 +2,9 @@
 
 All writes go through one writer task. Callers enqueue *logical transactions* (plain
 functions run on the writer connection's thread); the writer drains the queue and runs
-everything queued as one physical transaction, each logical transaction inside its own
-SAVEPOINT so that a failing one is rolled back alone and cannot poison the batch. While
+everything queued as one physical transaction. A failing logical transaction is rolled
+back alone and cannot poison the batch: the batch then runs again with a SAVEPOINT per
+logical transaction (`_run_batch`; the usual batch, where none fails, needs none). While
 one batch is being fsynced, the next one accumulates: concurrency turns into larger
 commits, not into more fsyncs. Readers use a second connection and never block writers.
 """
@@ -242,6 +243,8 @@ class SqliteStorage:
         self.notifier = Notifier()
         self._writer_task: asyncio.Task[None] | None = None
         self._finished_poller: asyncio.Task[None] | None = None
+        self._summary_reads: dict[str, list[asyncio.Future[ExecutionSummary]]] = {}
+        self._summary_read_tasks: set[asyncio.Future[None]] = set()
         self._closed = False
         #: Counters for benchmarks: logical transactions and physical commits.
         self.stats = {"logical": 0, "commits": 0, "events": 0}
@@ -673,7 +676,7 @@ class SqliteStorage:
     ) -> ev.ExecutionResult:
         fut = self.notifier.result_future(execution_id)
         try:
-            s = await self.get_summary(execution_id)
+            s = await self._get_summary_batched(execution_id)
             if s.result is not None:
                 return s.result
             self._ensure_finished_poller()
@@ -683,6 +686,52 @@ class SqliteStorage:
                 raise TimeoutError(f"execution {execution_id} did not finish in time") from None
         finally:
             self.notifier.drop_result_future(execution_id, fut)
+
+    def _get_summary_batched(self, execution_id: str) -> asyncio.Future[ExecutionSummary]:
+        """`get_summary`, with the reads asked for in the same loop iteration done as one
+        query (many clients waiting for results: one reader round trip, not one each)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[ExecutionSummary] = loop.create_future()
+        if not self._summary_reads:
+            loop.call_soon(self._start_summary_reads)
+        self._summary_reads.setdefault(execution_id, []).append(fut)
+        return fut
+
+    def _start_summary_reads(self) -> None:
+        reads, self._summary_reads = self._summary_reads, {}
+        task = asyncio.ensure_future(self._read_summaries(reads))
+        self._summary_read_tasks.add(task)
+        task.add_done_callback(self._summary_read_tasks.discard)
+
+    async def _read_summaries(
+        self, reads: dict[str, list[asyncio.Future[ExecutionSummary]]]
+    ) -> None:
+        ids = list(reads)
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            try:
+                rows = await self._reader.execute_fetchall(
+                    "SELECT execution_id, summary FROM executions "
+                    f"WHERE execution_id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                )
+                found = {execution_id: blob for execution_id, blob in rows}
+            except Exception as e:  # the callers get the error get_summary would raise
+                for execution_id in ids[i:]:
+                    for fut in reads[execution_id]:
+                        if not fut.done():
+                            fut.set_exception(e)
+                return
+            for execution_id in chunk:
+                blob = found.get(execution_id)
+                summary = None if blob is None else _summary_decoder.decode(blob)
+                for fut in reads[execution_id]:
+                    if fut.done():
+                        continue
+                    if summary is None:
+                        fut.set_exception(NotFound(f"execution {execution_id} not found"))
+                    else:
+                        fut.set_result(summary)
 
     #: Seconds between re-checks of awaited executions (for writers in other processes).
     FINISHED_RECHECK_INTERVAL = 1.0
@@ -835,6 +884,52 @@ def _statements(script: str) -> list[str]:
 
 
 def _run_batch(conn: sqlite3.Connection, batch: list[_Tx]) -> list[tuple[bool, Any, _Notes]]:
+    """Run a batch of logical transactions as one physical transaction.
+
+    First without savepoints (two statements less per logical transaction): when every
+    one succeeds, which is the usual case, that is the outcome. When one raises, its
+    partial writes cannot be undone alone: everything is rolled back and the batch runs
+    again with a SAVEPOINT per logical transaction. (Logical transactions are functions
+    of the database only, so running one again is fine; the split retry below relies on
+    that too.) A batch of one needs no savepoint at all: its rollback is the whole one.
+    """
+    outcomes = _run_batch_plain(conn, batch)
+    if outcomes is not None:
+        return outcomes
+    return _run_batch_savepoints(conn, batch)
+
+
+def _run_batch_plain(
+    conn: sqlite3.Connection, batch: list[_Tx]
+) -> list[tuple[bool, Any, _Notes]] | None:
+    """The batch without savepoints; None (after a rollback) to run it with them."""
+    outcomes: list[tuple[bool, Any, _Notes]] = []
+    conn.execute("BEGIN IMMEDIATE")  # failing: the connection itself failed (as below)
+    for tx in batch:
+        notes = _Notes()
+        try:
+            value = tx.fn(conn, notes)
+        except Exception as e:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if len(batch) > 1:
+                return None
+            return [(False, _translate(e), notes)]
+        if not conn.in_transaction:  # it ended the transaction (see the savepoint path)
+            return None
+        outcomes.append((True, value, notes))
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        return None
+    return outcomes
+
+
+def _run_batch_savepoints(
+    conn: sqlite3.Connection, batch: list[_Tx]
+) -> list[tuple[bool, Any, _Notes]]:
     outcomes: list[tuple[bool, Any, _Notes]] = []
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -857,7 +952,7 @@ def _run_batch(conn: sqlite3.Connection, batch: list[_Tx]) -> list[tuple[bool, A
         if len(batch) == 1:
             return [(False, StorageError(f"database write failed: {e}"), _Notes())]
         # Retry each alone so that one bad transaction cannot fail the others.
-        return [o for tx in batch for o in _run_batch(conn, [tx])]
+        return [o for tx in batch for o in _run_batch_savepoints(conn, [tx])]
     return outcomes
 
 
@@ -878,6 +973,23 @@ def _load_summary(conn: sqlite3.Connection, execution_id: str) -> ExecutionSumma
     if row is None:
         raise NotFound(f"execution {execution_id} not found")
     return _summary_decoder.decode(row[0])
+
+
+def _load_summary_for_write(
+    conn: sqlite3.Connection, execution_id: str, now: datetime
+) -> tuple[ExecutionSummary, datetime]:
+    """`_load_summary` and `_after_last_write` with one read of the row."""
+    row = conn.execute(
+        "SELECT summary, updated_at FROM executions WHERE execution_id = ?", (execution_id,)
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"execution {execution_id} not found")
+    return _summary_decoder.decode(row[0]), _not_before(now, row[1])
+
+
+def _not_before(now: datetime, updated_at: int) -> datetime:
+    """`now`, or just after `updated_at` (µs) if that is later (see `_after_last_write`)."""
+    return now if updated_at <= _us(now) else _dt(updated_at + 1)
 
 
 def _after_last_write(conn: sqlite3.Connection, execution_id: str, now: datetime) -> datetime:
@@ -918,41 +1030,80 @@ def _write_summary(
 
 def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: datetime) -> None:
     created = req.created
-    existing = conn.execute(
-        "SELECT event FROM events WHERE execution_id = ? AND version = 0", (req.execution_id,)
-    ).fetchone()
-    if existing is not None:
+    s = created_summary(created, now)
+    state, pending_at, lock_expires_at = _projection(s)
+    parent_id = created.parent[0] if created.parent else None
+    try:
+        # Insert first: the id exists only on a re-submission (no read on the usual path).
+        conn.execute(
+            "INSERT INTO executions (execution_id, ffqn, component_type, parent_id, state, "
+            "pending_at, lock_expires_at, next_version, created_at, updated_at, summary) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                req.execution_id,
+                created.ffqn,
+                created.component_id.type,
+                parent_id,
+                state,
+                pending_at,
+                lock_expires_at,
+                s.next_version,
+                _us(now),
+                _us(now),
+                ev.encode(s),
+            ),
+        )
+    except sqlite3.IntegrityError:
+        existing = conn.execute(
+            "SELECT event FROM events WHERE execution_id = ? AND version = 0", (req.execution_id,)
+        ).fetchone()
+        if existing is None:
+            raise
         old = ev.decode_event(existing[0])
         assert isinstance(old, ev.Created)
         if old.ffqn == created.ffqn and old.params == created.params:
             return  # idempotent re-submission
-        raise Conflict(f"execution {req.execution_id} already exists with other parameters")
-    s = created_summary(created, now)
-    state, pending_at, lock_expires_at = _projection(s)
-    parent_id = created.parent[0] if created.parent else None
-    conn.execute(
-        "INSERT INTO executions (execution_id, ffqn, component_type, parent_id, state, pending_at, "
-        "lock_expires_at, next_version, created_at, updated_at, summary) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-        (
-            req.execution_id,
-            created.ffqn,
-            created.component_id.type,
-            parent_id,
-            state,
-            pending_at,
-            lock_expires_at,
-            s.next_version,
-            _us(now),
-            _us(now),
-            ev.encode(s),
-        ),
-    )
+        raise Conflict(
+            f"execution {req.execution_id} already exists with other parameters"
+        ) from None
     conn.execute(
         "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
         (req.execution_id, 0, _us(now), ev.encode(created)),
     )
     notes.pending.add(created.ffqn)
+
+
+def _due_rows(
+    conn: sqlite3.Connection,
+    ffqns: list[str],
+    limit: int,
+    now_us: int,
+    pinned_digest: str | None,
+) -> list[tuple[str, int, bytes, int]]:
+    """The first `limit` due executions of `ffqns` by `pending_at`:
+    (execution_id, pending_at, summary, updated_at).
+
+    One ordered, limited index range per FFQN (`UNION ALL`), merged here. A single
+    `ffqn IN (…) ORDER BY pending_at LIMIT n` sorts *every* due row of those FFQNs first
+    (a temp b-tree): with a backlog of N due executions each lock would read all N.
+    """
+    pin = "pinned_digest IS NULL" if pinned_digest is None else "pinned_digest = ?"
+    one = (
+        "SELECT * FROM (SELECT execution_id, pending_at, summary, updated_at FROM executions "
+        f"WHERE ffqn = ? AND pending_at <= ? AND {pin} ORDER BY pending_at LIMIT ?)"
+    )
+    pin_args = [] if pinned_digest is None else [pinned_digest]
+    rows: list[tuple[str, int, bytes, int]] = []
+    for i in range(0, len(ffqns), 200):  # SQLite allows up to 500 terms in a compound select
+        chunk = ffqns[i : i + 200]
+        args: list[Any] = []
+        for ffqn in chunk:
+            args += [ffqn, now_us, *pin_args, limit]
+        rows += conn.execute(" UNION ALL ".join([one] * len(chunk)), args).fetchall()
+    if len(ffqns) > 1:
+        rows.sort(key=lambda row: row[1])
+        del rows[limit:]
+    return rows
 
 
 def _lock_pending(
@@ -965,16 +1116,21 @@ def _lock_pending(
     with_log: bool,
     pinned_digest: str | None = None,
 ) -> list[LockedExecution]:
-    pin = "pinned_digest IS NULL" if pinned_digest is None else "pinned_digest = ?"
-    rows = conn.execute(
-        f"SELECT execution_id, summary FROM executions WHERE ffqn IN ({','.join('?' * len(ffqns))}) "
-        f"AND pending_at <= ? AND {pin} ORDER BY pending_at LIMIT ?",
-        (*ffqns, _us(now), *([] if pinned_digest is None else [pinned_digest]), batch_size),
-    ).fetchall()
+    rows = _due_rows(conn, ffqns, batch_size, _us(now), pinned_digest)
+    created_blobs: dict[str, bytes] = {}
+    if rows and not with_log:
+        ids = [row[0] for row in rows]
+        created_blobs = dict(
+            conn.execute(
+                "SELECT execution_id, event FROM events WHERE version = 0 "
+                f"AND execution_id IN ({','.join('?' * len(ids))})",
+                ids,
+            ).fetchall()
+        )
     result: list[LockedExecution] = []
     blob = ev.encode(locked)
-    for execution_id, summary_blob in rows:
-        at = _after_last_write(conn, execution_id, now)
+    for execution_id, _, summary_blob, updated_at in rows:
+        at = _not_before(now, updated_at)
         s = apply_event(_summary_decoder.decode(summary_blob), locked, at)
         version = s.next_version - 1
         conn.execute(
@@ -1003,10 +1159,7 @@ def _lock_pending(
             ]
             created = stored_events[0].event
         else:
-            (created_blob,) = conn.execute(
-                "SELECT event FROM events WHERE execution_id = ? AND version = 0", (execution_id,)
-            ).fetchone()
-            created = ev.decode_event(created_blob)
+            created = ev.decode_event(created_blobs[execution_id])
         assert isinstance(created, ev.Created)
         result.append(
             LockedExecution(
@@ -1035,7 +1188,7 @@ def _append(
     extras: AppendExtras | None,
     backtraces: Sequence[_PreparedBacktrace] = (),
 ) -> ExecutionSummary:
-    s = _load_summary(conn, execution_id)
+    s, now = _load_summary_for_write(conn, execution_id, now)
     if s.next_version != expected_version:
         raise VersionConflict(
             f"execution {execution_id}: expected version {expected_version}, "
@@ -1043,7 +1196,6 @@ def _append(
         )
     creates = {c.execution_id: c for c in (extras.creates if extras else [])}
     backtrace_of = _backtrace_ids(conn, backtraces)
-    now = _after_last_write(conn, execution_id, now)
     t = _us(now)
     for index, event in enumerate(events):
         try:
@@ -1076,7 +1228,8 @@ def _append(
                 _create_side(conn, notes, creates, scheduled, now)
             case ev.Finished(result=result):
                 notes.finished.append((execution_id, result))
-                conn.execute("DELETE FROM delays WHERE execution_id = ?", (execution_id,))
+                if s.is_workflow:  # only workflows have delays
+                    conn.execute("DELETE FROM delays WHERE execution_id = ?", (execution_id,))
                 parent = ExecutionId.parse(execution_id).parent()
                 if parent is not None:
                     parent_id, join_set = parent
