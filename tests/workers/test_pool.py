@@ -24,7 +24,8 @@ async def test_results_and_exceptions_reach_the_loop() -> None:
 
 
 async def test_short_jobs_stay_on_the_core_threads() -> None:
-    pool = RunPool(64, core=2, thread_name_prefix="t")
+    # (A long `stall`: a loaded test machine may pause the core threads for a while.)
+    pool = RunPool(64, core=2, stall=2.0, thread_name_prefix="t")
     try:
         await asyncio.gather(*(pool.run_async(lambda: None) for _ in range(2000)))
         assert pool._threads == 2
