@@ -1,7 +1,7 @@
 """Throughput: N executions of a trivial WASM activity through an embedded `Engine`.
 
     .venv/bin/python -m bench.activity_throughput [--count 10000] [--batch-size 500]
-        [--max-inflight 64] [--exec-batch-size 64] [--data-dir DIR] [--json]
+        [--max-inflight 64] [--exec-batch-size 64] [--default-gc] [--data-dir DIR] [--json]
 
 A fresh temporary data directory (SQLite WAL, synchronous=FULL) and a deployment with the
 `testing:fixtures/activity` component (built from WAT by `tests.fixtures.components`). The
@@ -9,6 +9,9 @@ client side calls the engine facade directly, as an embedding application would:
 in batches of `--batch-size` concurrent calls (`asyncio.gather`), and for every submitted
 execution a task that awaits `Engine.result` (a notification, not polling). The clock runs
 from the first submit to the last result.
+
+The process uses the garbage-collector thresholds of `obelisk server run`
+(`engine.gc_tuning`) unless `--default-gc` is given.
 
 Reported: executions/s end to end, the submit rate, and from `storage.stats` the events,
 logical transactions and physical commits per second (group commit: many logical
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import shutil
@@ -140,16 +144,26 @@ def main(argv: list[str] | None = None) -> int:
         "--exec-batch-size", type=int, default=64,
         help="executor: executions locked per lock_pending call, exec.batch_size (64)",
     )
+    p.add_argument(
+        "--default-gc", action="store_true",
+        help="keep CPython's default GC thresholds (default: engine.gc_tuning, as "
+        "`obelisk server run` does)",
+    )
     p.add_argument("--data-dir", type=Path, help="parent of the data dir (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if not args.default_gc:
+        from engine.gc_tuning import tune_gc
+
+        tune_gc()
 
     tmp = Path(tempfile.mkdtemp(prefix="obelisk-bench-", dir=args.data_dir))
     try:
         result = asyncio.run(
             run(args.count, args.batch_size, args.max_inflight, args.exec_batch_size, tmp)
         )
+        result["gc_thresholds"] = list(gc.get_threshold())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
@@ -159,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{r['count']} executions of {FFQN} "
         f"(submit batches of {r['batch_size']}, max_inflight {r['max_inflight']}, "
-        f"exec batch {r['exec_batch_size']})"
+        f"exec batch {r['exec_batch_size']}, gc thresholds {tuple(r['gc_thresholds'])})"
     )
     print(f"  end to end:  {r['elapsed_s']:.3f} s  ->  {r['executions_per_s']:,.0f} executions/s")
     print(

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from engine.engine import Engine
 from engine.errors import DeploymentError, StorageError
+from engine.gc_tuning import tune_gc
 from engine.server.api import make_app
 
 log = logging.getLogger("obelisk.server")
@@ -202,6 +203,7 @@ def run_server(
         print(f"  clients: export {TOKEN_ENV}={token}", file=out)
     out.flush()
     try:
+        tune_gc()  # this process is the server's: fewer collector passes
         return asyncio.run(_serve(Path(deployment), Path(data_dir), host, port, token, out))
     except KeyboardInterrupt:  # a signal before the handlers were installed
         print("interrupted during start-up", file=sys.stderr)
