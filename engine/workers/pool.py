@@ -11,7 +11,8 @@ more CPU than such a job itself. `RunPool` instead
   more threads, up to `max_workers`; threads beyond `core` exit after `idle_timeout`
   seconds without work. A job that waits behind blocked threads therefore starts at most
   about `stall` (10 ms) later than with one thread per job;
-- hands results back to asyncio with one `call_soon_threadsafe` (`run_async`).
+- hands results back to asyncio in batches: one `call_soon_threadsafe` for all the
+  results that arrive before the loop gets to them (`run_async`).
 
 It is also a `concurrent.futures.Executor` (`submit`, `shutdown`), so
 `loop.run_in_executor(pool, fn)` keeps working.
@@ -43,6 +44,43 @@ def _deliver(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
         fut.set_exception(value)
 
 
+class _Mailbox:
+    """Results for one event loop: posted from pool threads, delivered in batches.
+
+    Only the first result posted while the loop has not drained the box yet costs a
+    `call_soon_threadsafe` (a self-pipe write, a loop wake-up, a GIL hand-off); results
+    that arrive meanwhile ride along.
+    """
+
+    __slots__ = ("_items", "_lock", "_scheduled", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def post(self, fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+        with self._lock:
+            self._items.append((fut, ok, value))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # a closed loop: nobody waits any more
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for fut, ok, value in items:
+            _deliver(fut, ok, value)
+
+
 class RunPool(Executor):
     def __init__(
         self,
@@ -69,13 +107,17 @@ class RunPool(Executor):
         self._kick = threading.Event()  # work is queued: the watchdog should look
         self._watchdog: threading.Thread | None = None
         self._shutdown = False
+        self._mailbox: _Mailbox | None = None  # of the loop that last called run_async
 
     # -- submitting -------------------------------------------------------------------
     def run_async(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Run `fn()` on a pool thread; the result arrives on the running event loop."""
         loop = asyncio.get_running_loop()
+        box = self._mailbox
+        if box is None or box.loop is not loop:
+            box = self._mailbox = _Mailbox(loop)
         fut: asyncio.Future[T] = loop.create_future()
-        self._put((loop, fut, fn))
+        self._put((box, fut, fn))
         return fut
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
@@ -142,8 +184,8 @@ class RunPool(Executor):
 
     @staticmethod
     def _run(job: tuple[Any, Any, Callable[[], Any]]) -> None:
-        loop, fut, fn = job
-        if loop is None:
+        box, fut, fn = job
+        if box is None:  # submit(): a concurrent.futures.Future
             if not fut.set_running_or_notify_cancel():
                 return
             try:
@@ -157,17 +199,16 @@ class RunPool(Executor):
             value, ok = fn(), True
         except BaseException as e:
             value, ok = e, False
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-            loop.call_soon_threadsafe(_deliver, fut, ok, value)
+        box.post(fut, ok, value)
 
     @staticmethod
     def _cancel(job: tuple[Any, Any, Callable[[], Any]]) -> None:
-        loop, fut, _ = job
-        if loop is None:
+        box, fut, _ = job
+        if box is None:
             fut.cancel()
         else:
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(fut.cancel)
+                box.loop.call_soon_threadsafe(fut.cancel)
 
     def _ensure_watchdog(self) -> None:
         if self._watchdog is None:
