@@ -1,7 +1,8 @@
 """Throughput: N executions of a trivial WASM activity through an embedded `Engine`.
 
     .venv/bin/python -m bench.activity_throughput [--count 10000] [--batch-size 500]
-        [--max-inflight 64] [--exec-batch-size 64] [--default-gc] [--data-dir DIR] [--json]
+        [--max-inflight 64] [--exec-batch-size 64] [--default-gc] [--cpus LIST]
+        [--data-dir DIR] [--json]
 
 A fresh temporary data directory (SQLite WAL, synchronous=FULL) and a deployment with the
 `testing:fixtures/activity` component (built from WAT by `tests.fixtures.components`). The
@@ -25,6 +26,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -149,10 +151,16 @@ def main(argv: list[str] | None = None) -> int:
         help="keep CPython's default GC thresholds (default: engine.gc_tuning, as "
         "`obelisk server run` does)",
     )
+    p.add_argument(
+        "--cpus", metavar="LIST",
+        help="run pinned to these CPUs, e.g. 0 or 0,1 (os.sched_setaffinity; default: all)",
+    )
     p.add_argument("--data-dir", type=Path, help="parent of the data dir (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     if not args.default_gc:
         from engine.gc_tuning import tune_gc
 
@@ -164,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             run(args.count, args.batch_size, args.max_inflight, args.exec_batch_size, tmp)
         )
         result["gc_thresholds"] = list(gc.get_threshold())
+        result["cpus"] = sorted(os.sched_getaffinity(0))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
@@ -173,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{r['count']} executions of {FFQN} "
         f"(submit batches of {r['batch_size']}, max_inflight {r['max_inflight']}, "
-        f"exec batch {r['exec_batch_size']}, gc thresholds {tuple(r['gc_thresholds'])})"
+        f"exec batch {r['exec_batch_size']}, gc thresholds {tuple(r['gc_thresholds'])}, "
+        f"CPUs {','.join(map(str, r['cpus']))})"
     )
     print(f"  end to end:  {r['elapsed_s']:.3f} s  ->  {r['executions_per_s']:,.0f} executions/s")
     print(
