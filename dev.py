@@ -27,7 +27,7 @@ def sh(*args: str | os.PathLike[str], check: bool = True) -> int:
 
 
 def setup() -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 (dev.py runs on whatever python3 is)
         sys.exit(f"Python 3.11+ is needed, this is {sys.version.split()[0]}")
     if not PY.exists():
         sh(sys.executable, "-m", "venv", VENV)
