@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -45,6 +46,22 @@ class ManualClock:
         deadline = self._now + timedelta(seconds=seconds)
         async with self._changed:
             await self._changed.wait_for(lambda: self._now >= deadline)
+
+
+class SteppingClock(SystemClock):
+    """A clock for tests: wall time plus `step` seconds more for every reading, so code
+    that checks deadlines between readings (lock extension) sees time pass at a known
+    pace whatever the machine's speed. Sleeps are wall-clock sleeps."""
+
+    def __init__(self, step: float) -> None:
+        self._step = timedelta(seconds=step)
+        self._extra = timedelta(0)
+        self._lock = threading.Lock()  # read from worker threads too
+
+    def now(self) -> datetime:
+        with self._lock:
+            self._extra += self._step
+            return datetime.now(UTC) + self._extra
 
 
 def utc(dt: datetime) -> datetime:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from engine.core import events as ev
+from engine.core.clock import SteppingClock
 from engine.core.state import replay_stored, state_name
 from engine.engine import Engine
 from engine.storage.contract import ExecutionRow
@@ -874,7 +875,13 @@ export default function bursts(n) {{
 
 async def test_non_blocking_host_calls_extend_the_lock(start_engine: StartEngine) -> None:
     toml = ACTIVITIES + workflow("bursts", params='[{ name = "n", type = "u32" }]', lock_ms=400)
-    engine = await start_engine(toml, files={"step.js": STEP_JS, "bursts.js": REPLAY_ONLY_JS})
+    # Every clock reading moves time 10 ms on: 60 host calls span more than the 400 ms
+    # lock however fast the machine computes, so the run must extend it.
+    engine = await start_engine(
+        toml,
+        files={"step.js": STEP_JS, "bursts.js": REPLAY_ONLY_JS},
+        clock=SteppingClock(0.01),
+    )
     eid = await engine.submit(ffqn_of("bursts"), [60])
     assert await engine.result(eid, timeout=30) == ev.ResultOk("60")
     events = await checked_log(engine, eid)
