@@ -46,6 +46,9 @@ class ExecutionInfo(TypedDict):
     temporary_event_count: int
     #: `{"ok": v}`, `{"err": v}` or `{"execution_failure": {kind, reason, detail}}`.
     result: dict[str, Any] | None
+    #: Only in lists asked with `extras`: direct children, type of the last event.
+    children: NotRequired[int]
+    last_event: NotRequired[str | None]
 
 
 class SubmitAnswer(TypedDict):

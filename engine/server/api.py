@@ -33,6 +33,7 @@ from engine.core.ids import ExecutionId, IdError
 from engine.core.state import StateName
 from engine.errors import DeploymentError, InvalidParams, UnknownFunction
 from engine.storage.contract import (
+    LIST_ORDERS,
     Conflict,
     ExecutionRow,
     ListFilter,
@@ -80,6 +81,7 @@ def make_app(engine: Engine, token: str | None) -> web.Application:
     app.router.add_get("/openapi.json", _openapi)
     app.router.add_get("/v1/executions", _list_executions)
     app.router.add_post("/v1/executions", _submit)
+    app.router.add_get("/v1/executions/count", _count_executions)  # ids start with E_
     app.router.add_get("/v1/executions/{execution_id}", _result)
     app.router.add_get("/v1/executions/{execution_id}/status", _status)
     app.router.add_get("/v1/executions/{execution_id}/events", _events)
@@ -95,6 +97,8 @@ def make_app(engine: Engine, token: str | None) -> web.Application:
     app.router.add_get("/v1/components", _components)
     app.router.add_get("/v1/components/{digest}/source", _component_source)
     app.router.add_get("/v1/deployment", _deployment)
+    app.router.add_get("/v1/stats", _stats)
+    app.router.add_get("/v1/changes", _changes)
     return app
 
 
@@ -249,7 +253,7 @@ def _opt_ts(value: Any) -> str | None:
 
 
 def execution_info(row: ExecutionRow) -> ExecutionInfo:
-    return {
+    info: ExecutionInfo = {
         "execution_id": row.execution_id,
         "ffqn": row.ffqn,
         "component_type": row.component_type,
@@ -263,6 +267,10 @@ def execution_info(row: ExecutionRow) -> ExecutionInfo:
         "temporary_event_count": row.temporary_event_count,
         "result": None if row.result is None else ev.result_to_json(row.result),
     }
+    if row.children is not None:
+        info["children"] = row.children
+        info["last_event"] = row.last_event
+    return info
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,33 +278,72 @@ def execution_info(row: ExecutionRow) -> ExecutionInfo:
 # ---------------------------------------------------------------------------------------
 
 
-async def _list_executions(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
-    states = request.query.getall("state", [])
+def _list_filter(request: web.Request) -> ListFilter:
+    """The filter, order and page of a list (or count) request's query."""
+    query = request.query
+    states = query.getall("state", [])
     for s in states:
         if s not in STATE_NAMES:
             raise ApiProblem(
                 400, f"unknown state {s!r} (expected one of: {', '.join(STATE_NAMES)})"
             )
-    before = request.query.get("before") or None
+    before = query.get("before") or None
     if before is not None:
         try:
             before = str(ExecutionId.parse(before))
         except IdError as e:
             raise ApiProblem(400, f"query parameter `before`: {e}") from None
+    order = query.get("order") or "created_desc"
+    if order not in LIST_ORDERS:
+        raise ApiProblem(
+            400, f"unknown order {order!r} (expected one of: {', '.join(LIST_ORDERS)})"
+        )
     limit = _int_query(request, "limit", 100, 1, MAX_LIST_LIMIT)
-    assert limit is not None
-    flt = ListFilter(
-        ffqn_prefix=request.query.get("ffqn") or None,
+    offset = _int_query(request, "offset", 0, 0)
+    assert limit is not None and offset is not None
+    return ListFilter(
+        ffqn_prefix=query.get("ffqn") or None,
         states=tuple(states) or None,
         hide_finished=_bool_query(request, "hide_finished"),
         top_level_only=_bool_query(request, "top_level_only"),
-        id_prefix=request.query.get("id_prefix") or None,
+        id_prefix=query.get("id_prefix") or None,
         limit=limit,
         before_id=before,
+        offset=offset,
+        order=order,  # type: ignore[arg-type]  # checked against LIST_ORDERS above
+        with_extras=_bool_query(request, "extras"),
     )
-    rows = await engine.storage.list_executions(flt)
+
+
+async def _list_executions(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    rows = await engine.storage.list_executions(_list_filter(request))
     return _json([execution_info(r) for r in rows])
+
+
+async def _count_executions(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return _json({"count": await engine.storage.count_executions(_list_filter(request))})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    """Executions per state (with overlays as their own states), for dashboards."""
+    counts = await request.app[ENGINE_KEY].storage.count_by_state()
+    return _json({"by_state": {name: counts.get(name, 0) for name in STATE_NAMES}})
+
+
+MAX_WAIT_SECONDS = 60.0
+
+
+async def _changes(request: web.Request) -> web.Response:
+    """Long poll: answer once anything was committed after generation `since` (or after
+    `timeout` seconds), with the current generation. Clients refresh on a new value."""
+    since = _int_query(request, "since", -1, -1)
+    timeout = min(_float_query(request, "timeout") or 25.0, MAX_WAIT_SECONDS)
+    assert since is not None
+    feed = request.app[ENGINE_KEY].storage.changes()
+    generation = await feed.wait_changed(since, timeout)
+    return _json({"generation": generation})
 
 
 _SUBMIT_KEYS = ("ffqn", "params", "execution_id")
@@ -515,6 +562,10 @@ async def _components(request: web.Request) -> web.Response:
 async def _deployment(request: web.Request) -> web.Response:
     """The deployment in force and the outcome of the last reload (SPEC §9.3)."""
     engine = request.app[ENGINE_KEY]
+    after = _int_query(request, "after", None, -1)
+    if after is not None:  # long poll for the next reload
+        timeout = min(_float_query(request, "timeout") or 25.0, MAX_WAIT_SECONDS)
+        await engine.wait_reload(after, timeout)
     return _json(
         {
             "deployment_id": engine.deployment_id,
@@ -663,6 +714,8 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "lock_expires_at": {**timestamp, "type": ["string", "null"]},
                 "temporary_event_count": {"type": "integer"},
                 "result": {"oneOf": [_ref("Result"), {"type": "null"}]},
+                "children": {"type": "integer", "description": "with `extras`"},
+                "last_event": {"type": ["string", "null"], "description": "with `extras`"},
             },
         },
         "SubmitRequest": {
@@ -787,6 +840,21 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
             },
         },
     }
+    schemas["Count"] = {
+        "type": "object", "required": ["count"], "properties": {"count": {"type": "integer"}},
+    }
+    schemas["Generation"] = {
+        "type": "object",
+        "required": ["generation"],
+        "properties": {"generation": {"type": "integer",
+                                      "description": "bumped by every commit of the server"}},
+    }
+    schemas["Stats"] = {
+        "type": "object",
+        "required": ["by_state"],
+        "properties": {"by_state": {"type": "object",
+                                    "additionalProperties": {"type": "integer"}}},
+    }
     schemas["Deployment"] = {
         "type": "object",
         "required": ["deployment_id", "components", "reload"],
@@ -834,6 +902,12 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                                      "maximum": MAX_LIST_LIMIT, "default": 100}, "page size"),
                     _query("before", {"type": "string"},
                            "paging cursor: the last execution_id of the previous page"),
+                    _query("offset", {"type": "integer", "minimum": 0, "default": 0},
+                           "paging by position: skip this many rows"),
+                    _query("order", {"enum": list(LIST_ORDERS), "default": "created_desc"},
+                           "newest first, oldest first, or last change first"),
+                    _query("extras", {"type": "boolean"},
+                           "add `children` (direct children) and `last_event` (its type)"),
                 ],
                 "responses": {**_ok("Executions", _array_of("Execution")), **_errors(400)},
             },
@@ -848,6 +922,20 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                     **_errors(400, 404, 409),
                 },
             },
+        },
+        "/v1/executions/count": {
+            "get": {
+                "summary": "How many executions the list filters select",
+                "parameters": [
+                    _query("ffqn", {"type": "string"}, "FFQN prefix"),
+                    _query("state", {"type": "array", "items": {"enum": list(STATE_NAMES)}},
+                           "state name; repeat for several", explode=True),
+                    _query("hide_finished", {"type": "boolean"}, "leave out finished ones"),
+                    _query("top_level_only", {"type": "boolean"}, "leave out child executions"),
+                    _query("id_prefix", {"type": "string"}, "execution id prefix"),
+                ],
+                "responses": {**_ok("The count", _ref("Count")), **_errors(400)},
+            }
         },
         "/v1/executions/{execution_id}": {
             "get": {
@@ -968,7 +1056,33 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
         "/v1/deployment": {
             "get": {
                 "summary": "The deployment in force and the outcome of its last hot reload",
-                "responses": {**_ok("Deployment", _ref("Deployment")), **_errors()},
+                "parameters": [
+                    _query("after", {"type": "integer", "minimum": -1},
+                           "long poll: answer once a reload with a greater `generation` "
+                           "happened (or at the timeout)"),
+                    _query("timeout", {"type": "number", "minimum": 0, "default": 25},
+                           "with after: seconds to wait at most (60 at the most)"),
+                ],
+                "responses": {**_ok("Deployment", _ref("Deployment")), **_errors(400)},
+            }
+        },
+        "/v1/stats": {
+            "get": {
+                "summary": "Executions per state",
+                "responses": {**_ok("Counts", _ref("Stats")), **_errors()},
+            }
+        },
+        "/v1/changes": {
+            "get": {
+                "summary": "Long poll: answers once anything was written after `since`",
+                "parameters": [
+                    _query("since", {"type": "integer", "minimum": -1, "default": -1},
+                           "the generation the client has seen (-1: answer at once)"),
+                    _query("timeout", {"type": "number", "minimum": 0, "default": 25},
+                           "seconds to wait at most (60 at the most)"),
+                ],
+                "responses": {**_ok("The current generation", _ref("Generation")),
+                              **_errors(400)},
             }
         },
         "/v1/components/{digest}/source": {
