@@ -121,6 +121,14 @@ class ComponentSourceInfo(TypedDict):
     source: str
 
 
+class DeploymentInfo(TypedDict):
+    deployment_id: str
+    components: list[ComponentInfo]
+    #: The start or the last reload attempt (`engine.reload.ReloadStatus.to_json`):
+    #: generation, at, trigger, ok, error, changes, upgrades, pinned, duration_ms, ….
+    reload: dict[str, Any]
+
+
 class PersistBacktracesAnswer(TypedDict):
     execution_id: str
     component_digest: str

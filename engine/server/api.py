@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -21,6 +21,7 @@ from engine.client import (
     BacktraceInfo,
     ComponentInfo,
     ComponentSourceInfo,
+    DeploymentInfo,
     EventEntry,
     ExecutionInfo,
     FunctionExport,
@@ -34,12 +35,15 @@ from engine.core.state import StateName
 from engine.errors import DeploymentError, InvalidParams, UnknownFunction
 from engine.storage.contract import (
     LIST_ORDERS,
+    Backtrace,
+    ComponentSource,
     Conflict,
     ExecutionRow,
     ListFilter,
     NotCancellable,
     NotFound,
     StorageError,
+    StoredLog,
 )
 
 if TYPE_CHECKING:
@@ -126,6 +130,11 @@ _STATUS_OF: tuple[tuple[type[Exception], int], ...] = (
 _MAPPED = (NotFound, UnknownFunction, InvalidParams, NotCancellable, Conflict)
 
 
+def error_status(error: Exception) -> int:
+    """The HTTP status of an engine or storage error (500 for anything not a refusal)."""
+    return next((code for cls, code in _STATUS_OF if isinstance(error, cls)), 500)
+
+
 @web.middleware
 async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -148,8 +157,7 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
         return _error(e.status, message, headers or None)
     except _MAPPED as e:
-        status = next(code for cls, code in _STATUS_OF if isinstance(e, cls))
-        return _error(status, str(e))
+        return _error(error_status(e), str(e))
     except (StorageError, DeploymentError) as e:
         log.error("%s %s failed: %s", request.method, request.path, e)
         return _error(500, str(e))
@@ -271,6 +279,66 @@ def execution_info(row: ExecutionRow) -> ExecutionInfo:
         info["children"] = row.children
         info["last_event"] = row.last_event
     return info
+
+
+def event_entries(stored: Sequence[ev.StoredEvent], with_backtrace: bool) -> list[EventEntry]:
+    out: list[EventEntry] = []
+    for e in stored:
+        entry: EventEntry = {
+            "version": e.version,
+            "created_at": _ts(e.created_at),
+            "event": ev.to_builtins(e.event),
+        }
+        if with_backtrace:
+            entry["backtrace_id"] = e.backtrace_id
+        out.append(entry)
+    return out
+
+
+def response_entries(stored: Sequence[ev.StoredResponse]) -> list[ResponseEntry]:
+    return [
+        {"cursor": r.cursor, "created_at": _ts(r.created_at), "response": ev.to_builtins(r.response)}
+        for r in stored
+    ]
+
+
+def log_entries(lines: Sequence[StoredLog]) -> list[LogEntry]:
+    return [
+        {
+            "id": line.id,
+            "run_id": line.run_id,
+            "created_at": _ts(line.created_at),
+            "level": line.level,
+            "stream": line.stream,
+            "message": line.message,
+        }
+        for line in lines
+    ]
+
+
+def backtrace_info(execution_id: str, version: int, bt: Backtrace) -> BacktraceInfo:
+    return {
+        "execution_id": execution_id,
+        "version": version,
+        "backtrace_id": bt.backtrace_id,
+        "component_digest": bt.component_digest,
+        "frames": [
+            {"file": f.file, "line": f.line, "column": f.column, "function": f.function}
+            for f in bt.frames
+        ],
+    }
+
+
+def component_source_info(source: ComponentSource) -> ComponentSourceInfo:
+    return {"digest": source.digest, "file": source.file, "source": source.source}
+
+
+def deployment_info(engine: Engine) -> DeploymentInfo:
+    return {
+        "deployment_id": engine.deployment_id,
+        "components": component_infos(engine),
+        "reload": engine.reload_status().to_json(),
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -408,17 +476,7 @@ async def _events(request: web.Request) -> web.Response:
     assert version is not None
     await engine.storage.get_summary(eid)  # 404 for an unknown id, whatever the range
     stored = await engine.storage.get_events(eid, version, length)
-    out: list[EventEntry] = []
-    for e in stored:
-        entry: EventEntry = {
-            "version": e.version,
-            "created_at": _ts(e.created_at),
-            "event": ev.to_builtins(e.event),
-        }
-        if with_backtrace:
-            entry["backtrace_id"] = e.backtrace_id
-        out.append(entry)
-    return _json(out)
+    return _json(event_entries(stored, with_backtrace))
 
 
 async def _responses(request: web.Request) -> web.Response:
@@ -427,12 +485,7 @@ async def _responses(request: web.Request) -> web.Response:
     after = _int_query(request, "after", 0, 0)
     assert after is not None
     await engine.storage.get_summary(eid)
-    stored = await engine.storage.get_responses(eid, after)
-    out: list[ResponseEntry] = [
-        {"cursor": r.cursor, "created_at": _ts(r.created_at), "response": ev.to_builtins(r.response)}
-        for r in stored
-    ]
-    return _json(out)
+    return _json(response_entries(await engine.storage.get_responses(eid, after)))
 
 
 async def _logs(request: web.Request) -> web.Response:
@@ -442,19 +495,7 @@ async def _logs(request: web.Request) -> web.Response:
     limit = _int_query(request, "limit", 1000, 1, MAX_LOG_LIMIT)
     assert after is not None and limit is not None
     await engine.storage.get_summary(eid)
-    lines = await engine.storage.get_logs(eid, after, limit)
-    out: list[LogEntry] = [
-        {
-            "id": line.id,
-            "run_id": line.run_id,
-            "created_at": _ts(line.created_at),
-            "level": line.level,
-            "stream": line.stream,
-            "message": line.message,
-        }
-        for line in lines
-    ]
-    return _json(out)
+    return _json(log_entries(await engine.storage.get_logs(eid, after, limit)))
 
 
 async def _backtrace(request: web.Request) -> web.Response:
@@ -467,17 +508,7 @@ async def _backtrace(request: web.Request) -> web.Response:
     bt = await engine.storage.get_backtrace(eid, version)  # 404 for an unknown id
     if bt is None:
         raise ApiProblem(404, f"execution {eid} has no backtrace for version {version}")
-    answer: BacktraceInfo = {
-        "execution_id": eid,
-        "version": version,
-        "backtrace_id": bt.backtrace_id,
-        "component_digest": bt.component_digest,
-        "frames": [
-            {"file": f.file, "line": f.line, "column": f.column, "function": f.function}
-            for f in bt.frames
-        ],
-    }
-    return _json(answer)
+    return _json(backtrace_info(eid, version, bt))
 
 
 async def _persist_backtraces(request: web.Request) -> web.Response:
@@ -566,13 +597,7 @@ async def _deployment(request: web.Request) -> web.Response:
     if after is not None:  # long poll for the next reload
         timeout = min(_float_query(request, "timeout") or 25.0, MAX_WAIT_SECONDS)
         await engine.wait_reload(after, timeout)
-    return _json(
-        {
-            "deployment_id": engine.deployment_id,
-            "components": component_infos(engine),
-            "reload": engine.reload_status().to_json(),
-        }
-    )
+    return _json(deployment_info(engine))
 
 
 async def _component_source(request: web.Request) -> web.Response:
@@ -582,12 +607,7 @@ async def _component_source(request: web.Request) -> web.Response:
     source = await get_component_source(request.app[ENGINE_KEY], digest)
     if source is None:
         raise ApiProblem(404, f"no source is known for component {digest}")
-    answer: ComponentSourceInfo = {
-        "digest": source.digest,
-        "file": source.file,
-        "source": source.source,
-    }
-    return _json(answer)
+    return _json(component_source_info(source))
 
 
 async def _openapi(request: web.Request) -> web.Response:
@@ -1120,4 +1140,17 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
     return doc
 
 
-__all__ = ["ApiProblem", "component_infos", "execution_info", "make_app", "openapi_document"]
+__all__ = [
+    "ApiProblem",
+    "backtrace_info",
+    "component_infos",
+    "component_source_info",
+    "deployment_info",
+    "error_status",
+    "event_entries",
+    "execution_info",
+    "log_entries",
+    "make_app",
+    "openapi_document",
+    "response_entries",
+]
