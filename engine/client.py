@@ -351,7 +351,7 @@ class ApiClient:
                 payload = response.read()
         except urllib.error.HTTPError as e:
             with e:
-                raise ApiError(e.code, _error_message(e.code, e.read())) from None
+                raise ApiError(e.code, error_message(e.code, e.read())) from None
         except urllib.error.URLError as e:
             raise ServerUnreachable(self.base_url, _reason(e.reason)) from None
         except TimeoutError:
@@ -386,7 +386,7 @@ def _reason(reason: object) -> str:
     return str(reason)
 
 
-def _error_message(status: int, payload: bytes) -> str:
+def error_message(status: int, payload: bytes) -> str:
     try:
         body = json.loads(payload)
     except ValueError:
@@ -415,4 +415,5 @@ __all__ = [
     "ResponseEntry",
     "ServerUnreachable",
     "SubmitAnswer",
+    "error_message",
 ]
