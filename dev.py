@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Set up and run the project with nothing but Python 3.11+.
 
-    python3 dev.py demo     # set up, build the demo components, run the demo server
+    python3 dev.py demo     # set up, build the demo components, run the console on the demo
     python3 dev.py test     # set up, build, then ruff + mypy + the whole test suite
+    python3 dev.py server   # the demo deployment as a server (REST API, `obelisk` CLI)
 
 Set-up is idempotent: a `.venv` is created and the project installed into it (again
 only when pyproject.toml changed); Python-authored components are built once and cached.
@@ -41,11 +42,24 @@ def setup() -> None:
 
 
 def demo(extra: list[str]) -> int:
+    """The console on the embedded demo deployment, with demo traffic. Extra arguments go
+    to `obelisk-tui` (e.g. `python3 dev.py demo --no-traffic`); `python3 dev.py server`
+    runs the demo as a server (REST API + CLI) instead."""
+    args = [
+        str(VENV / "bin" / "obelisk-tui"), "--demo",
+        "--data-dir", str(ROOT / "data" / "demo"),
+        *extra,
+    ]
+    print("+", " ".join(args), flush=True)
+    os.execv(args[0], args)
+
+
+def server(extra: list[str]) -> int:
     env_token = os.environ.get("OBELISK_API_TOKEN")
     args = [
         str(VENV / "bin" / "obelisk"), "server", "run",
         "--deployment", str(ROOT / "demo" / "deployment.toml"),
-        "--data-dir", str(ROOT / "data" / "demo"),
+        "--data-dir", str(ROOT / "data" / "demo-server"),
         *extra,
     ]
     print("+", " ".join(args), flush=True)
@@ -62,12 +76,14 @@ def test(extra: list[str]) -> int:
 
 def main() -> int:
     command, *extra = sys.argv[1:] or ["help"]
-    if command not in ("demo", "test", "setup"):
+    if command not in ("demo", "server", "test", "setup"):
         print(__doc__)
         return 2
     setup()
     if command == "demo":
         return demo(extra)
+    if command == "server":
+        return server(extra)
     if command == "test":
         return test(extra)
     return 0

@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from textual import work
-from textual.app import App
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, LoadingIndicator, Static
+from textual.widgets import LoadingIndicator, Static
 
 from engine.client import ApiError, ServerUnreachable
 from obelisk_tui.backend import ConsoleBackend
@@ -34,11 +34,9 @@ class ConnectingScreen(Screen[None]):
         super().__init__()
         self.what = what
 
-    def compose(self):  # type: ignore[no-untyped-def]
-        yield Header(show_clock=False)
-        yield Static(f"Starting: {self.what}", id="connecting")
+    def compose(self) -> ComposeResult:
+        yield Static(f"Obelisk — starting: {self.what}", id="connecting")
         yield LoadingIndicator()
-        yield Footer()
 
 
 class ObeliskApp(App[None]):

@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         async def connect() -> ConsoleBackend:
             return await RestBackend.connect(url, token)
 
+        error = _preflight_attach(url, token)
+        if error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
         what = f"attaching to {url}"
     else:
         if args.demo:
@@ -107,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                       "(obelisk-tui --help)", file=sys.stderr)
                 return 2
             data_dir = args.data_dir or Path("data")
+        error = _preflight_deployment(deployment)
+        if error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
         log_path = _log_to_file(data_dir)
 
         async def connect() -> ConsoleBackend:
@@ -122,6 +130,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {app.fatal_error}", file=sys.stderr)
         return 1
     return app.return_code or 0
+
+
+def _preflight_attach(url: str, token: str | None) -> str | None:
+    """Check the server answers (and takes the token) before the screen is taken over."""
+    from engine.client import ApiError
+    from obelisk_tui.backend import RestBackend
+
+    async def probe() -> None:
+        backend = await RestBackend.connect(url, token)
+        await backend.close()
+
+    try:
+        asyncio.run(probe())
+    except ApiError as e:
+        if e.status == 401:
+            return f"{url} refused the API token: {e.message} (set {TOKEN_ENV})"
+        return e.message
+    return None
+
+
+def _preflight_deployment(deployment: Path) -> str | None:
+    """A deployment that does not load is one line, not a console that cannot start."""
+    from engine.deployment import load_deployment
+    from engine.errors import DeploymentError
+
+    try:
+        load_deployment(deployment)
+    except DeploymentError as e:
+        return str(e)
+    return None
 
 
 async def _start_traffic(app: object) -> None:

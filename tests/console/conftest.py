@@ -1,0 +1,182 @@
+"""A real engine on a temporary SQLite file with real JS components, and the console on it.
+
+`console_engine` starts the engine; `open_console(engine)` runs `ObeliskApp` headless
+(Textual's `run_test`) on the embedded backend, in the test's own event loop. `until`
+waits for a condition of the UI or of the engine, with a deadline (no fixed sleeps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from engine.engine import Engine
+from obelisk_tui.app import ObeliskApp
+from obelisk_tui.backend import ConsoleBackend, EmbeddedBackend
+
+STEP_JS = """
+export default function step(idx) { return idx * 10; }
+"""
+
+SPIN_JS = """
+export default function spin(ms) {
+  const end = Date.now() + ms;
+  while (Date.now() < end) { /* a long-running activity */ }
+  return ms;
+}
+"""
+
+FANOUT_JS = """
+import { stepSubmit, stepAwaitNext } from "test:console-obelisk-ext/activity";
+import * as obelisk from "obelisk:workflow@1.0.0";
+
+export default function fanout(n) {
+  const js = obelisk.createJoinSet();
+  for (let i = 0; i < n; i++) {
+    stepSubmit(js, i); // the submitting line
+  }
+  let acc = 0;
+  for (let i = 0; i < n; i++) acc += stepAwaitNext(js);
+  console.log(`fan-out of ${n} adds up to ${acc}`);
+  return String(acc);
+}
+"""
+
+ORDER_JS = """
+import { approve } from "test:console/approval";
+
+export default function order(id) {
+  console.log(`order ${id} waits for approval`);
+  return approve(id) ? `order ${id} approved` : `order ${id} rejected`;
+}
+"""
+
+DEPLOYMENT = """
+[[activity_js]]
+name = "step"
+location = "step.js"
+ffqn = "test:console/activity.step"
+params = [{ name = "idx", type = "u32" }]
+return_type = "result<u32, string>"
+exec.tick_sleep.milliseconds = 20
+
+[[activity_js]]
+name = "spin"
+location = "spin.js"
+ffqn = "test:console/activity.spin"
+params = [{ name = "ms", type = "u32" }]
+return_type = "result<u32, string>"
+max_retries = 0
+exec.lock_expiry.seconds = 60
+
+[[activity_stub]]
+name = "approval"
+ffqn = "test:console/approval.approve"
+params = [{ name = "order", type = "string" }]
+return_type = "result<bool, string>"
+
+[[workflow_js]]
+name = "fanout"
+location = "fanout.js"
+ffqn = "test:console/workflow.fanout"
+params = [{ name = "n", type = "u32" }]
+return_type = "result<string, string>"
+exec.tick_sleep.milliseconds = 20
+
+[[workflow_js]]
+name = "order"
+location = "order.js"
+ffqn = "test:console/workflow.order-cancellable"
+params = [{ name = "id", type = "string" }]
+return_type = "result<string, string>"
+exec.lock_expiry.seconds = 2
+exec.tick_sleep.milliseconds = 20
+"""
+
+FILES = {"step.js": STEP_JS, "spin.js": SPIN_JS, "fanout.js": FANOUT_JS, "order.js": ORDER_JS}
+
+STEP = "test:console/activity.step"
+SPIN = "test:console/activity.spin"
+APPROVE = "test:console/approval.approve"
+FANOUT = "test:console/workflow.fanout"
+ORDER = "test:console/workflow.order-cancellable"
+
+SIZE = (160, 45)
+
+
+def write_deployment(directory: Path) -> Path:
+    for name, text in FILES.items():
+        (directory / name).write_text(textwrap.dedent(text))
+    path = directory / "deployment.toml"
+    path.write_text(textwrap.dedent(DEPLOYMENT))
+    return path
+
+
+@pytest.fixture
+async def console_engine(tmp_path: Path) -> AsyncIterator[Engine]:
+    engine = await Engine.start(write_deployment(tmp_path), tmp_path / "data")
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+OpenConsole = Callable[..., Any]
+
+
+@asynccontextmanager
+async def open_console(
+    engine: Engine | None = None,
+    *,
+    backend: ConsoleBackend | None = None,
+    size: tuple[int, int] = SIZE,
+) -> AsyncIterator[tuple[ObeliskApp, Pilot[None]]]:
+    """The console on `engine` (embedded) or on `backend`, connected and on its home screen."""
+
+    async def connect() -> ConsoleBackend:
+        if backend is not None:
+            return backend
+        assert engine is not None
+        return EmbeddedBackend(engine, label="test", owns_engine=False)
+
+    app = ObeliskApp(connect, what="test")
+    async with app.run_test(size=size) as pilot:
+        from obelisk_tui.screens.executions import ExecutionsScreen
+
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="home screen")
+        yield app, pilot
+
+
+async def until(
+    pilot: Pilot[None],
+    predicate: Callable[[], bool | Awaitable[bool]],
+    timeout: float = 15.0,
+    what: str = "a condition",
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = predicate()
+        if not isinstance(value, bool):
+            value = await value
+        if value:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+
+
+def screen_text(app: ObeliskApp) -> str:
+    """What the terminal shows now (the current screen with its overlays), as plain text."""
+    update = app.screen._compositor.render_full_update()
+    lines = []
+    for strips in update.strips:
+        lines.append("".join(strip.text for strip in ([strips] if hasattr(strips, "text") else strips)))  # type: ignore[attr-defined]
+    return "\n".join(lines)

@@ -1,0 +1,403 @@
+"""The console against a real embedded engine (Pilot): every screen and key.
+
+Actions change the real execution state in the real SQLite file; a component file edited
+during a test is hot-reloaded and shown.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from textual.widgets import TabbedContent, TextArea
+
+from engine.core import events as ev
+from engine.core.state import state_name
+from engine.engine import Engine
+from obelisk_tui.app import ObeliskApp
+from obelisk_tui.screens.components import ComponentsScreen
+from obelisk_tui.screens.confirm import ConfirmScreen
+from obelisk_tui.screens.detail import ExecutionDetailScreen
+from obelisk_tui.screens.executions import ExecutionsScreen
+from obelisk_tui.screens.submit import SubmitScreen
+from obelisk_tui.widgets.event_log import EventLog
+from obelisk_tui.widgets.execution_list import ExecutionList
+from tests.console.conftest import (
+    APPROVE,
+    FANOUT,
+    ORDER,
+    SPIN,
+    STEP,
+    open_console,
+    screen_text,
+    until,
+)
+
+
+async def state_of(engine: Engine, eid: str) -> str:
+    return state_name((await engine.storage.get_row(eid)).state)
+
+
+def listed(app: ObeliskApp) -> list[str]:
+    lst = app.screen.query_one(ExecutionList)
+    return [r["execution_id"] for r in lst.rows]
+
+
+def shown_state(app: ObeliskApp) -> str | None:
+    selected = app.screen.query_one(ExecutionList).selected
+    return None if selected is None else str(selected["state"]["type"])
+
+
+def notices(app: ObeliskApp) -> list[str]:
+    return [str(n.message) for n in app._notifications]
+
+
+async def select(app: ObeliskApp, pilot: Any, eid: str) -> None:
+    """Put the list's cursor on `eid` (after it shows up)."""
+    await until(pilot, lambda: eid in listed(app), what=f"{eid} in the list")
+    lst = app.screen.query_one(ExecutionList)
+    index = lst.index_of(eid)
+    assert index is not None
+    lst.move_cursor(index)
+    await pilot.pause()
+
+
+async def blocked_order(engine: Engine, pilot: Any, order: str = "o-1") -> tuple[str, str]:
+    """An order workflow waiting for its approval child: (workflow id, child id)."""
+    eid = await engine.submit(ORDER, [order])
+
+    async def waiting() -> bool:
+        return await state_of(engine, eid) == "blocked_by_join_set"
+
+    await until(pilot, waiting, what="the order to block on its approval")
+    return eid, f"{eid}.o:1-approve_1"
+
+
+# -- the executions list ------------------------------------------------------------------
+
+
+async def test_list_shows_executions_live_with_state_counts(console_engine: Engine) -> None:
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        first = await engine.submit(STEP, [1])
+        stub = await engine.submit(APPROVE, ["a"])
+        await until(pilot, lambda: {first, stub} <= set(listed(app)), what="new executions")
+        await engine.result(first, timeout=10)
+        await until(pilot, lambda: "finished ok" in screen_text(app), what="the step to finish")
+        text = screen_text(app)
+        assert "2 executions" in text and "finished 1" in text and "pending 1" in text
+        assert "test:console/approval.approve" in text and "test:console/activity.step" in text
+        assert listed(app) == [stub, first]  # newest first
+
+
+async def test_filter_order_and_clear(console_engine: Engine) -> None:
+    engine = console_engine
+    done = await engine.submit(STEP, [2])
+    await engine.result(done, timeout=10)
+    waiting = await engine.submit(APPROVE, ["b"])
+    async with open_console(engine) as (app, pilot):
+        await until(pilot, lambda: len(listed(app)) == 2, what="both executions")
+        await pilot.press("slash")
+        await pilot.press(*"state:finished")
+        await pilot.press("enter")
+        await until(pilot, lambda: listed(app) == [done], what="the filter to apply")
+        assert "filter: state:finished" in screen_text(app)
+        await pilot.press("escape")  # clears the filter
+        await until(pilot, lambda: listed(app) == [waiting, done], what="the filter to clear")
+
+        await pilot.press("o")
+        await until(pilot, lambda: listed(app) == [done, waiting], what="oldest first")
+        assert "oldest first" in screen_text(app)
+
+        await pilot.press("slash")
+        await pilot.press(*"state:asleep", "enter")
+        await until(pilot, lambda: any("unknown state 'asleep'" in n for n in notices(app)),
+                    what="the filter error")
+        assert listed(app) == [done, waiting]  # unchanged
+
+
+async def test_pause_unpause_and_refusals_from_the_list(console_engine: Engine) -> None:
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        order, _ = await blocked_order(engine, pilot)
+        await select(app, pilot, order)
+        await pilot.press("p")
+        await until(pilot, lambda: any(f"paused {order}" in n for n in notices(app)), what="paused")
+        assert await state_of(engine, order) == "paused"
+        await until(pilot, lambda: shown_state(app) == "paused", what=f"the row paused {shown_state(app)}")
+        await pilot.press("p")  # again: the footer has it disabled, the key says why
+        await until(pilot, lambda: any("already paused" in n for n in notices(app)), what="refusal")
+        await pilot.press("u")
+        await until(pilot, lambda: any(f"unpaused {order}" in n for n in notices(app)), what=f"unpaused {notices(app)}")
+        assert await state_of(engine, order) == "blocked_by_join_set"
+
+        running = await engine.submit(SPIN, [60_000])
+
+        async def locked() -> bool:
+            return await state_of(engine, running) == "locked"
+
+        await until(pilot, locked, what="the spinning activity to run")
+        await select(app, pilot, running)
+        await until(pilot, lambda: app.screen.query_one(ExecutionList).selected is not None
+                    and app.screen.query_one(ExecutionList).selected["state"]["type"] == "locked",  # type: ignore[index]
+                    what="the list to show it locked")
+        await pilot.press("p")
+        await until(pilot, lambda: any("a running activity cannot be paused" in n
+                                       for n in notices(app)), what="the pause refusal")
+        assert await state_of(engine, running) == "locked"
+
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        await pilot.press("y")
+        result = await engine.result(running, timeout=20)
+        assert isinstance(result, ev.ExecutionFailure) and result.kind == "cancelled"
+
+
+async def test_cancel_asks_first_and_marks_act_on_many(console_engine: Engine) -> None:
+    engine = console_engine
+    a = await engine.submit(APPROVE, ["a"])
+    b = await engine.submit(APPROVE, ["b"])
+    c = await engine.submit(APPROVE, ["c"])
+    async with open_console(engine) as (app, pilot):
+        await select(app, pilot, a)
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        await pilot.press("n")
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="back")
+        assert await state_of(engine, a) == "pending_at"
+
+        await select(app, pilot, c)
+        await pilot.press("m", "m")  # marks c, then b (the cursor moves down)
+        assert app.screen.query_one(ExecutionList).marked == {b, c}
+        assert "2 marked" in screen_text(app)
+        await pilot.press("p")
+        await until(pilot, lambda: any("paused 2 executions" in n for n in notices(app)),
+                    what="the bulk pause")
+        assert [await state_of(engine, x) for x in (a, b, c)] == ["pending_at", "paused", "paused"]
+        assert app.screen.query_one(ExecutionList).marked == set()  # cleared after the action
+
+        await select(app, pilot, a)
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        await pilot.press("y")
+        result = await engine.result(a, timeout=10)
+        assert isinstance(result, ev.ExecutionFailure) and result.kind == "cancelled"
+
+
+async def test_space_freezes_the_live_refresh(console_engine: Engine) -> None:
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        await pilot.press("space")
+        assert app.frozen
+        await until(pilot, lambda: "FROZEN" in screen_text(app), what="the frozen mark")
+        frozen = await engine.submit(APPROVE, ["x"])
+        await pilot.pause(0.8)  # longer than a refresh period: nothing may change
+        assert frozen not in listed(app)
+        await pilot.press("r")  # a manual refresh still works
+        await until(pilot, lambda: frozen in listed(app), what="the manual refresh")
+        await pilot.press("space")
+        assert not app.frozen
+        later = await engine.submit(APPROVE, ["y"])
+        await until(pilot, lambda: later in listed(app), what="live again")
+
+
+# -- the detail screen --------------------------------------------------------------------
+
+
+async def test_detail_tabs_backtrace_time_travel_children_logs_result(
+    console_engine: Engine, tmp_path: Path
+) -> None:
+    engine = console_engine
+    eid = await engine.submit(FANOUT, [3])
+    assert await engine.result(eid, timeout=30) == ev.ResultOk("30")
+    async with open_console(engine) as (app, pilot):
+        await select(app, pilot, eid)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
+        screen = app.screen
+        assert isinstance(screen, ExecutionDetailScreen)
+        await until(pilot, lambda: screen.info is not None, what="the execution to load")
+        text = screen_text(app)
+        assert eid in text and "PendingAt" in text and "BlockedByJoinSet" in text
+        assert "live" in text and "Finished · ok" in text
+
+        # Events: one row per version; a submit shows its source line.
+        await pilot.press("2")
+        log = screen.query_one(EventLog)
+        await until(pilot, lambda: len(log.events) == screen.info["next_version"], what="events")  # type: ignore[index]
+        submit_version = next(
+            e["version"] for e in log.events
+            if e["event"].get("type") == "history_event"
+            and e["event"]["event"]["type"] == "join_set_request"
+        )
+        assert log.events[submit_version].get("backtrace_id") is not None
+        log.move_cursor(submit_version)
+        await until(pilot, lambda: "the submitting line" in screen_text(app), what="the source")
+        assert "fanout.js:" in screen_text(app)
+
+        # Time travel: the diagram goes back to the version under the cursor.
+        await until(pilot, lambda: screen.travel == submit_version, what="travel")
+        await pilot.press("1")
+        await until(pilot, lambda: f"at version {submit_version} of" in screen_text(app),
+                    what="the diagram at that version")
+        assert "time travel" in screen_text(app)
+        await pilot.press("left_square_bracket")
+        assert screen.travel == submit_version - 1
+        for _ in range(40):
+            await pilot.press("right_square_bracket")
+        assert screen.travel is None  # back to live
+        await until(pilot, lambda: "live" in screen_text(app), what="live again")
+
+        # Children: the three steps; enter opens one, P its parent.
+        await pilot.press("3")
+        await until(pilot, lambda: screen_text(app).count("test:console/activity.step") == 3,
+                    what="the children")
+        tree = screen.query_one("#children-tree")
+        tree.focus()
+        await pilot.press("down", "enter")
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
+                    and app.screen is not screen, what="the child's detail")
+        child = app.screen
+        assert isinstance(child, ExecutionDetailScreen) and child.execution_id.startswith(eid + ".")
+        await until(pilot, lambda: child.info is not None, what="the child to load")
+        await pilot.press("P")
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
+                    and app.screen.execution_id == eid and app.screen is not screen,
+                    what="the parent")
+        await pilot.press("escape", "escape")
+        assert app.screen is screen
+
+        # Logs and result.
+        await pilot.press("4")
+        await until(pilot, lambda: "fan-out of 3 adds up to 30" in screen_text(app), what="logs")
+        await pilot.press("5")
+        await until(pilot, lambda: "'30'" in screen_text(app) or '"30"' in screen_text(app),
+                    what="the result")
+        assert screen.query_one(TabbedContent).active == "result"
+        await pilot.press("escape")
+        assert isinstance(app.screen, ExecutionsScreen)
+
+
+async def test_detail_actions_on_a_waiting_workflow(console_engine: Engine) -> None:
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        order, approval = await blocked_order(engine, pilot)
+        app.open_execution(order)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
+                    and app.screen.info is not None, what="detail")
+        await pilot.press("p")
+        await until(pilot, lambda: "paused" in screen_text(app).split("\n")[1], what="paused title")
+        assert await state_of(engine, order) == "paused"
+        await pilot.press("u")
+        await until(pilot, lambda: "blocked" in screen_text(app).split("\n")[1], what="unpaused")
+        await engine.stub(approval, {"ok": True})
+        await until(pilot, lambda: "finished ok" in screen_text(app).split("\n")[1],
+                    what="the workflow to finish live")
+        await pilot.press("c")  # finished: nothing to cancel, and the key says so
+        await until(pilot, lambda: any("is finished" in n for n in notices(app)), what="refusal")
+        assert not isinstance(app.screen, ConfirmScreen)
+
+
+async def test_cancel_of_a_waiting_cancellable_workflow(console_engine: Engine) -> None:
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        order, approval = await blocked_order(engine, pilot, "o-2")
+        app.open_execution(order)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
+                    and app.screen.info is not None, what="detail")
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        await pilot.press("y")
+        result = await engine.result(order, timeout=20)
+        assert isinstance(result, ev.ExecutionFailure) and result.kind == "cancelled"
+        child = await engine.result(approval, timeout=5)
+        assert isinstance(child, ev.ExecutionFailure) and child.kind == "cancelled"
+        await until(pilot, lambda: "failed cancelled" in screen_text(app), what="shown cancelled")
+
+
+# -- components, hot reload, submit, palette, help ----------------------------------------
+
+
+async def test_components_screen_and_hot_reload(console_engine: Engine, tmp_path: Path) -> None:
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        await pilot.press("C")
+        await until(pilot, lambda: isinstance(app.screen, ComponentsScreen), what="components")
+        await until(pilot, lambda: "fanout" in screen_text(app), what="the table")
+        text = screen_text(app)
+        for name in ("step", "spin", "approval", "order"):
+            assert name in text
+        before = next(c for c in engine.components if c.config.name == "step").component_id.digest
+        (tmp_path / "step.js").write_text("export default function step(idx) { return idx * 100; }\n")
+
+        def reloaded() -> bool:
+            return any("reloaded" in n for n in notices(app))
+
+        await until(pilot, reloaded, timeout=20, what="the reload toast")
+        after = next(c for c in engine.components if c.config.name == "step").component_id.digest
+        assert after != before
+        await until(pilot, lambda: after[:19] in screen_text(app), what="the new digest")
+        assert "1 component change(s)" in screen_text(app)
+
+        (tmp_path / "step.js").write_text("export default function step(idx) { return idx * ; }\n")
+        await until(pilot, lambda: any("step.js" in n for n in notices(app)
+                                       if "reloaded" not in n), timeout=20, what="the error toast")
+        await until(pilot, lambda: "reload FAILED" in screen_text(app), what="the failure shown")
+        assert next(c for c in engine.components if c.config.name == "step").component_id.digest == after
+        await pilot.press("escape")
+        assert isinstance(app.screen, ExecutionsScreen)
+
+
+async def test_submit_form_checks_params_and_opens_the_new_execution(console_engine: Engine) -> None:
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        await pilot.press("s")
+        await until(pilot, lambda: isinstance(app.screen, SubmitScreen), what="the form")
+        form = app.screen
+        assert isinstance(form, SubmitScreen)
+        await until(pilot, lambda: bool(form.functions), what="the functions")
+        await pilot.press(*"fanout", "enter")
+        await until(pilot, lambda: form.chosen is not None and form.chosen["ffqn"] == FANOUT,
+                    what="fanout chosen")
+        area = form.query_one(TextArea)
+        assert area.text == "[0]"
+        assert "n: u32" in screen_text(app)
+        area.text = "[-1]"
+        await until(pilot, lambda: "params[0] (n): expected u32" in screen_text(app),
+                    what="the inline error")
+        area.text = "[1, 2"
+        await until(pilot, lambda: "not JSON" in screen_text(app), what="the JSON error")
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SubmitScreen)  # refused, still here
+        area.text = "[2]"
+        await until(pilot, lambda: "params match the types" in screen_text(app), what="valid")
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
+        detail = app.screen
+        assert isinstance(detail, ExecutionDetailScreen)
+        created = await engine.storage.get_created(detail.execution_id)
+        assert created.ffqn == FANOUT and created.params == [2]
+        assert await engine.result(detail.execution_id, timeout=30) == ev.ResultOk("10")
+
+
+async def test_command_palette_opens_an_execution_by_id(console_engine: Engine) -> None:
+    engine = console_engine
+    eid = await engine.submit(APPROVE, ["p"])
+    async with open_console(engine) as (app, pilot):
+        await pilot.press("ctrl+p")
+        await pilot.press(*eid[:12])
+        await until(pilot, lambda: f"Open execution {eid}" in screen_text(app), what="the hit")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
+        assert app.screen.execution_id == eid  # type: ignore[attr-defined]
+
+
+async def test_help_and_quit(console_engine: Engine) -> None:
+    async with open_console(console_engine) as (app, pilot):
+        await pilot.press("question_mark")
+        await until(pilot, lambda: bool(app.screen.query("HelpPanel")), what="the help panel")
+        assert "Pause" in screen_text(app) and "Filter" in screen_text(app)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: not app.screen.query("HelpPanel"), what="help closed")
+        await pilot.press("q")
+        await until(pilot, lambda: app._exit, what="the app to quit")  # type: ignore[attr-defined]
