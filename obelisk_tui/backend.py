@@ -147,13 +147,13 @@ class EmbeddedBackend:
 
     async def _call(self, coro: Any) -> Any:
         """Await an engine call, turning its refusals into `ApiError` like the API does."""
-        from engine.errors import DeploymentError
+        from engine.errors import EngineError
         from engine.server.api import error_status
         from engine.storage.contract import StorageError
 
         try:
             return await coro
-        except (StorageError, DeploymentError, ValueError) as e:
+        except (StorageError, EngineError) as e:
             raise ApiError(error_status(e), str(e)) from None
 
     async def list_executions(

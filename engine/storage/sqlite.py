@@ -342,8 +342,8 @@ class SqliteStorage:
 
     async def _commit_batch(self, batch: list[_Tx]) -> None:
         try:
-            outcomes = await self._writer._execute(  # type: ignore[no-untyped-call]
-                _run_batch, self._writer._conn, batch
+            outcomes, wrote = await self._writer._execute(  # type: ignore[no-untyped-call]
+                _run_batch_counting, self._writer._conn, batch
             )
         except Exception as e:  # the connection itself failed
             for tx in batch:
@@ -364,7 +364,8 @@ class SqliteStorage:
                 tx.future.set_result(value)
             else:
                 tx.future.set_exception(value)
-        self.notifier.changed()
+        if wrote:  # an idle executor's empty lock_pending is no change to watch
+            self.notifier.changed()
 
     def _announce(self, notes: _Notes) -> None:
         for ffqn in notes.pending:
@@ -902,6 +903,15 @@ def _statements(script: str) -> list[str]:
     if buffer.strip().rstrip(";").strip():
         raise ValueError(f"incomplete SQL statement in migration: {buffer!r}")
     return statements
+
+
+def _run_batch_counting(
+    conn: sqlite3.Connection, batch: list[_Tx]
+) -> tuple[list[tuple[bool, Any, _Notes]], bool]:
+    """`_run_batch`, and whether it changed any row."""
+    before = conn.total_changes
+    outcomes = _run_batch(conn, batch)
+    return outcomes, conn.total_changes != before
 
 
 def _run_batch(conn: sqlite3.Connection, batch: list[_Tx]) -> list[tuple[bool, Any, _Notes]]:

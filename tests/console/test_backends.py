@@ -1,0 +1,150 @@
+"""The console's facade: the embedded and the REST backend answer the same, on one engine.
+
+The REST backend talks to the real API (`engine.server.api.make_app`) over HTTP on a
+loopback port; both backends see the same engine, so every answer must be equal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from engine.client import ApiError, ServerUnreachable
+from engine.engine import Engine
+from engine.server.api import make_app
+from obelisk_tui.backend import EmbeddedBackend, RestBackend
+from obelisk_tui.model import ExecutionQuery
+from tests.console.conftest import APPROVE, FANOUT, STEP
+
+TOKEN = "console-test-token"
+
+
+@pytest.fixture
+async def backends(console_engine: Engine) -> AsyncIterator[tuple[EmbeddedBackend, RestBackend]]:
+    server = TestServer(make_app(console_engine, TOKEN))
+    await server.start_server()
+    rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
+    embedded = EmbeddedBackend(console_engine, label="embedded", owns_engine=False)
+    try:
+        yield embedded, rest
+    finally:
+        await rest.close()
+        await server.close()
+
+
+async def both(backends: tuple[EmbeddedBackend, RestBackend], method: str, *args: Any) -> Any:
+    embedded, rest = backends
+    a = await getattr(embedded, method)(*args)
+    b = await getattr(rest, method)(*args)
+    assert a == b, f"{method}{args}: embedded {a!r} != rest {b!r}"
+    return a
+
+
+async def test_reads_are_the_same_through_both(
+    console_engine: Engine, backends: tuple[EmbeddedBackend, RestBackend]
+) -> None:
+    engine = console_engine
+    fan = await engine.submit(FANOUT, [2])
+    await engine.result(fan, timeout=30)
+    await engine.submit(APPROVE, ["x"])
+    for q in (
+        ExecutionQuery(),
+        ExecutionQuery(order="created_asc"),
+        ExecutionQuery(order="updated_desc", states=("finished",)),
+        ExecutionQuery(ffqn_prefix="test:console/activity."),
+        ExecutionQuery(id_prefix=fan, top_level_only=True),
+    ):
+        rows = await both(backends, "list_executions", q, 0, 50)
+        assert await both(backends, "count_executions", q) == len(rows)
+        assert all("children" in r and "last_event" in r for r in rows)
+    page = await both(backends, "list_executions", ExecutionQuery(), 1, 2)
+    assert len(page) == 2
+    counts = await both(backends, "counts_by_state")
+    assert counts["finished"] == 3 and counts["pending_at"] == 1
+    kids = await both(backends, "descendants", fan)
+    assert [k["parent_id"] for k in kids] == [fan, fan]
+    info = await both(backends, "status", fan)
+    assert info["result"] == {"ok": "10"}
+    events = await both(backends, "events", fan)
+    assert len(events) == info["next_version"] and "backtrace_id" in events[0]
+    assert await both(backends, "events", fan, 3) == events[3:]
+    await both(backends, "responses", fan)
+    logs = await both(backends, "logs", fan)
+    assert [x["message"] for x in logs] == ["fan-out of 2 adds up to 10"]
+    assert await both(backends, "logs", fan, logs[0]["id"]) == []
+    with_bt = next(e for e in events if e.get("backtrace_id") is not None)
+    bt = await both(backends, "backtrace", fan, with_bt["version"])
+    assert bt is not None and bt["frames"][0]["file"].endswith("fanout.js")
+    assert await both(backends, "backtrace", fan, 0) is None  # `created` has none
+    source = await both(backends, "component_source", bt["component_digest"])
+    assert source is not None and "stepSubmit" in source["source"]
+    assert await both(backends, "component_source", "sha256:" + "0" * 64) is None
+    deployment = await both(backends, "deployment")
+    assert {c["name"] for c in deployment["components"]} >= {"step", "fanout", "order"}
+
+
+async def test_commands_and_refusals_are_the_same_through_both(
+    console_engine: Engine, backends: tuple[EmbeddedBackend, RestBackend]
+) -> None:
+    embedded, rest = backends
+    for backend in (embedded, rest):
+        eid = await backend.submit(APPROVE, ["o"])
+        await backend.pause(eid)
+        assert (await backend.status(eid))["state"]["type"] == "paused"
+        await backend.unpause(eid)
+        await backend.stub(eid, {"ok": True})
+        assert (await backend.status(eid))["result"] == {"ok": True}
+    errors: list[tuple[int | None, str]] = []
+    for backend in (embedded, rest):
+        done = (await backend.list_executions(ExecutionQuery(states=("finished",)), 0, 1))[0]
+        for call in (
+            backend.pause(done["execution_id"]),
+            backend.status("E_00000000000000000000000000"),
+            backend.submit("test:console/nothing.here", []),
+            backend.submit(STEP, ["not a number"]),
+            backend.cancel_delay("Delay_not-a-delay"),
+        ):
+            with pytest.raises(ApiError) as raised:
+                await call
+            errors.append((raised.value.status, raised.value.message))
+    half = len(errors) // 2
+    assert errors[:half] == errors[half:]
+    assert [status for status, _ in errors[:half]] == [409, 404, 404, 400, 400]
+    assert "params[0] (idx): expected u32" in errors[3][1]
+
+
+async def test_long_polls_answer_on_change(
+    console_engine: Engine, backends: tuple[EmbeddedBackend, RestBackend]
+) -> None:
+    generation = await both(backends, "wait_changed", -1, 1.0)
+    assert await both(backends, "wait_changed", generation, 0.05) == generation  # no change
+    waiting = [asyncio.ensure_future(b.wait_changed(generation, 10.0)) for b in backends]
+    await asyncio.sleep(0.05)
+    assert not any(w.done() for w in waiting)
+    await console_engine.submit(APPROVE, ["w"])
+    for w in waiting:
+        assert await asyncio.wait_for(w, 10) > generation
+    reload = (await both(backends, "deployment"))["reload"]["generation"]
+    for backend in backends:
+        assert (await backend.wait_reload(reload, 0.05))["reload"]["generation"] == reload
+
+
+async def test_rest_backend_errors_name_the_server() -> None:
+    with pytest.raises(ServerUnreachable) as raised:
+        await RestBackend.connect("http://127.0.0.1:1", None)
+    assert "cannot reach the obelisk server at http://127.0.0.1:1" in str(raised.value)
+
+
+async def test_rest_backend_with_a_wrong_token(console_engine: Engine) -> None:
+    server = TestServer(make_app(console_engine, TOKEN))
+    await server.start_server()
+    try:
+        with pytest.raises(ApiError) as raised:
+            await RestBackend.connect(str(server.make_url("")), "wrong")
+        assert raised.value.status == 401
+    finally:
+        await server.close()

@@ -1,0 +1,262 @@
+"""The console's pure parts: states and refusals, filters, event summaries, the diagram,
+time travel through the engine's state machine, the submit form's templates and checks."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from engine.client import ExecutionInfo
+from engine.core import events as ev
+from engine.engine import Engine
+from engine.server.api import event_entries, response_entries
+from obelisk_tui import diagram, model, timeline
+from obelisk_tui.model import ExecutionQuery
+from obelisk_tui.widgets.execution_list import layout, short_id
+from tests.console.conftest import FANOUT, ORDER
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def info(state: dict[str, Any], *, ctype: str = "activity_wasm", ffqn: str = "a:b/c.d",
+         result: dict[str, Any] | None = None) -> ExecutionInfo:
+    return {
+        "execution_id": "E_01KAAAAAAAAAAAAAAAAAAAAAAA",
+        "ffqn": ffqn,
+        "component_type": ctype,
+        "state": state,
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-01T00:00:00Z",
+        "next_version": 1,
+        "parent_id": None,
+        "scheduled_at": None,
+        "lock_expires_at": None,
+        "temporary_event_count": 0,
+        "result": result,
+    }
+
+
+PENDING = {"type": "pending_at", "scheduled_at": "2026-01-01T00:00:00Z", "last_lock": None}
+LOCKED = {"type": "locked", "executor_id": "Exr_1", "run_id": "Run_1",
+          "lock_expires_at": "2026-01-01T00:00:01Z"}
+BLOCKED = {"type": "blocked_by_join_set", "join_set_id": "g:1",
+           "lock_expires_at": "2026-01-01T00:00:01Z", "closing": False}
+FINISHED = {"type": "finished", "version": 2, "finished_at": "2026-01-01T00:00:02Z",
+            "result_kind": "ok"}
+
+
+@pytest.mark.parametrize(
+    ("state", "ctype", "ffqn", "action", "refused"),
+    [
+        (PENDING, "activity_wasm", "a:b/c.d", "pause", None),
+        (LOCKED, "activity_wasm", "a:b/c.d", "pause", "a running activity cannot be paused"),
+        (LOCKED, "workflow_js", "a:b/c.d", "pause", None),  # released first (SPEC §4.3)
+        ({"type": "paused", "underlying": PENDING}, "activity_js", "a:b/c.d", "pause", "already paused"),
+        ({"type": "paused", "underlying": BLOCKED}, "workflow_js", "a:b/c.d", "unpause", None),
+        (PENDING, "activity_js", "a:b/c.d", "unpause", "is not paused"),
+        ({"type": "cancelling", "underlying": LOCKED}, "activity_js", "a:b/c.d", "pause", "being cancelled"),
+        ({"type": "cancelling", "underlying": LOCKED}, "activity_js", "a:b/c.d", "cancel", "already being cancelled"),
+        (BLOCKED, "workflow_js", "a:b/c.run", "cancel", "not cancellable"),
+        (BLOCKED, "workflow_js", "a:b/c.run-cancellable", "cancel", None),
+        (LOCKED, "activity_stub", "a:b/c.d", "cancel", None),
+        (FINISHED, "activity_js", "a:b/c.d", "cancel", "is finished"),
+        (FINISHED, "activity_js", "a:b/c.d", "unpause", "is finished"),
+    ],
+)
+def test_refusal(state: dict[str, Any], ctype: str, ffqn: str, action: str, refused: str | None) -> None:
+    got = model.refusal(action, info(state, ctype=ctype, ffqn=ffqn))
+    if refused is None:
+        assert got is None
+    else:
+        assert got is not None and refused in got and "E_01KAAAAAAAAAAAAAAAAAAAAAAA" in got
+
+
+@pytest.mark.parametrize(
+    ("state", "result", "label"),
+    [
+        (PENDING, None, "pending"),
+        (LOCKED, None, "locked"),
+        (BLOCKED, None, "blocked"),
+        ({"type": "paused", "underlying": BLOCKED}, None, "paused·blocked"),
+        ({"type": "cancelling", "underlying": LOCKED}, None, "cancelling·locked"),
+        (FINISHED, {"ok": 1}, "finished ok"),
+        (FINISHED, {"err": "x"}, "finished err"),
+        (FINISHED, {"execution_failure": {"kind": "timed_out"}}, "failed timed_out"),
+    ],
+)
+def test_state_label(state: dict[str, Any], result: dict[str, Any] | None, label: str) -> None:
+    assert model.state_label(info(state, result=result))[0] == label
+
+
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [
+        ("", ExecutionQuery()),
+        ("state:locked,paused", ExecutionQuery(states=("locked", "paused"))),
+        ("state:blocked state:pending", ExecutionQuery(states=("blocked_by_join_set", "pending_at"))),
+        ("ffqn:myapp:demo/ top", ExecutionQuery(ffqn_prefix="myapp:demo/", top_level_only=True)),
+        ("myapp:demo/activity.step", ExecutionQuery(ffqn_prefix="myapp:demo/activity.step")),
+        ("E_01K", ExecutionQuery(id_prefix="E_01K")),
+        ("id:E_01K.g:1", ExecutionQuery(id_prefix="E_01K.g:1")),
+    ],
+)
+def test_parse_filter_and_back(text: str, query: ExecutionQuery) -> None:
+    assert model.parse_filter(text) == query
+    assert model.parse_filter(model.format_filter(query)) == query
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("state:asleep", "unknown state 'asleep'"), ("state:", "needs a state")],
+)
+def test_parse_filter_errors(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        model.parse_filter(text)
+
+
+def test_orders_cycle() -> None:
+    q = ExecutionQuery()
+    seen = []
+    for _ in range(3):
+        q = model.next_order(q)
+        seen.append(q.order)
+    assert seen == ["created_asc", "updated_desc", "created_desc"]
+
+
+def test_spans_and_relative_times() -> None:
+    assert [model.span(s) for s in (0.25, 3.04, 42, 300, 7200, 200000)] == [
+        "250ms", "3.0s", "42s", "5m", "2h", "2d"
+    ]
+    assert model.relative(T0 + timedelta(seconds=2), T0) == "in 2.0s"
+    assert model.relative(T0 - timedelta(minutes=5), T0) == "5m ago"
+    assert model.relative(None, T0) == ""
+
+
+@pytest.mark.parametrize(
+    ("event", "name", "summary"),
+    [
+        (ev.Created("a:b/c.d", [1, "x"], scheduled_at=T0,
+                    component_id=ev.ComponentId("activity_js", "d", "sha256:0"),
+                    deployment_id="Dep_1", parent=("E_P", "g:1")),
+         "created", 'a:b/c.d [1,"x"], child of E_P in g:1'),
+        (ev.Locked(ev.ComponentId("activity_js", "d", "sha256:0"), "Exr_1", "Run_1",
+                   T0 + timedelta(seconds=1), ev.RetryConfig(3, 100)),
+         "locked", "by Exr_1 run Run_1 until 00:00:01.000, max retries 3"),
+        (ev.TemporarilyFailed(T0, "returned err", '"nope"'), "temporarily_failed",
+         'returned err "nope"; retry at 00:00:00.000'),
+        (ev.Finished(ev.ResultErr("bad")), "finished", 'err "bad"'),
+        (ev.Finished(ev.ExecutionFailure("timed_out", "lock expired", "")), "finished",
+         "execution failure timed_out: lock expired"),
+        (ev.HistoryEvent(ev.JoinSetRequest("g:1", ev.ChildExecutionRequest("E_P.g:1_1", "a:b/c.d", [7]))),
+         "join_set_request", "g:1 → E_P.g:1_1 a:b/c.d[7]"),
+        (ev.HistoryEvent(ev.JoinNext("g:1", T0, None, True)), "join_next", "g:1 (closing)"),
+        (ev.HistoryEvent(ev.Schedule("E_S", ev.ScheduleAtIn(300_000), "a:b/c.mail")), "schedule",
+         "E_S a:b/c.mail in 5m"),
+        (ev.HistoryEvent(ev.Persist(7, ev.PersistRandomU64(0, 9))), "persist", "random_u64 = 7"),
+    ],
+)
+def test_event_summaries(event: ev.Event, name: str, summary: str) -> None:
+    as_json = ev.to_builtins(event)
+    assert model.event_name(as_json) == name
+    assert model.event_summary(as_json) == summary
+
+
+def test_template_and_check_params() -> None:
+    params = [
+        {"name": "n", "type": "u32"},
+        {"name": "tags", "type": "list<string>"},
+        {"name": "maybe", "type": "option<bool>"},
+        {"name": "pair", "type": "tuple<string, f64>"},
+    ]
+    template = model.params_template(params)  # type: ignore[arg-type]
+    assert template == '[0, [], null, ["", 0.0]]'
+    assert model.check_params("f", params, template) == ([0, [], None, ["", 0.0]], None)  # type: ignore[arg-type]
+    _, error = model.check_params("f", params, '[1, [2], null, ["", 0]]')  # type: ignore[arg-type]
+    assert error == "params[1] (tags)[0]: expected string, got 2"
+    _, error = model.check_params("f", params, "[1]")  # type: ignore[arg-type]
+    assert error == "f takes 4 parameter(s) (n: u32, tags: list<string>, maybe: option<bool>, pair: tuple<string, f64>), got 1"
+    _, error = model.check_params("f", params, "{")  # type: ignore[arg-type]
+    assert error is not None and error.startswith("not JSON")
+
+
+def test_execution_list_columns_fit_the_width() -> None:
+    for width in (60, 80, 120, 200):
+        cols = layout(width)
+        assert sum(w + 1 for _, w in cols) <= max(width, 80)
+        assert [t for t, _ in cols][:3] == [" ", "EXECUTION", "FFQN"]
+    assert "LAST EVENT" in [t for t, _ in layout(160)]
+    assert "CH" not in [t for t, _ in layout(80)]
+    assert short_id("E_01KAAAAAAAAAAAAAAAAAAAAAAA.g:1_12", 20) == "E_01KAAAAA…AA.g:1_12"
+
+
+# -- the diagram --------------------------------------------------------------------------
+
+
+def test_diagram_highlights_the_state_the_overlay_and_the_last_edge() -> None:
+    cells = diagram.owners(None, None)
+    assert set(diagram.EDGES.values()) <= set(cells)
+    assert set(diagram.BOXES) <= set(cells)
+    lines = diagram.draw("blocked_by_join_set", ["paused"], "join_next")
+    text = "\n".join(line.plain for line in lines)
+    for title in ("PendingAt", "Locked", "BlockedByJoinSet", "Finished", "join_next"):
+        assert title in text
+    assert "─ Paused " in text  # the overlay is written on the box of its underlying state
+    console = Console()
+    row, col = next(iter(cells["join_next"]))
+    assert lines[row].get_style_at_offset(console, col).bold  # the last transition
+    row, col = next(iter(cells["locked"]))
+    assert not lines[row].get_style_at_offset(console, col).bold
+    row, col = next(iter(cells["blocked_by_join_set"] - cells.get("overlay", set())))
+    assert lines[row].get_style_at_offset(console, col).bold  # the current state
+    finished = "\n".join(x.plain for x in diagram.draw("finished", [], "finished_locked", "ok"))
+    assert "Finished · ok" in finished
+
+
+def test_edges_of_transitions() -> None:
+    assert diagram.edge_of(None, "pending_at") == "created"
+    assert diagram.edge_of("locked", "pending_at") == "released"
+    assert diagram.edge_of("blocked_by_join_set", "pending_at") == "response"
+    assert diagram.edge_of("pending_at", "finished") == "finished_pending"
+    assert diagram.edge_of("finished", "locked") is None
+
+
+# -- time travel on a real log --------------------------------------------------------------
+
+
+async def test_steps_follow_the_engine_state_machine(console_engine: Engine) -> None:
+    engine = console_engine
+    eid = await engine.submit(FANOUT, [2])
+    await engine.result(eid, timeout=30)
+    events = event_entries(await engine.storage.get_events(eid), True)
+    responses = response_entries(await engine.storage.get_responses(eid))
+    steps = timeline.steps(events, responses)
+    assert [s.version for s in steps] == list(range(len(events)))
+    assert steps[0] == timeline.Step(0, "pending_at", (), None, "created")
+    assert steps[1].underlying == "locked" and steps[1].edge == "locked"
+    assert steps[-1].underlying == "finished" and steps[-1].result_kind == "ok"
+    assert steps[-1].edge == "finished_locked"
+
+
+async def test_steps_show_overlays_and_responses(console_engine: Engine) -> None:
+    engine = console_engine
+    eid = await engine.submit(ORDER, ["t"])
+    child = f"{eid}.o:1-approve_1"
+
+    async def blocked() -> bool:
+        return (await engine.storage.get_row(eid)).state.__struct_config__.tag == "blocked_by_join_set"
+
+    for _ in range(500):  # the workflow's first run blocks it on the approval
+        if await blocked():
+            break
+        await asyncio.sleep(0.01)
+    await engine.pause(eid)
+    await engine.stub(child, {"ok": True})  # answered while paused: pending underneath
+    events = event_entries(await engine.storage.get_events(eid), True)
+    responses = response_entries(await engine.storage.get_responses(eid))
+    last = timeline.steps(events, responses)[-1]
+    assert last.overlays == ("paused",) and last.underlying == "pending_at"
+    assert last.edge == "response"
