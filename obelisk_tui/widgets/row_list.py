@@ -38,8 +38,8 @@ class RowList(ScrollView, can_focus=True):
         height: 1fr;
         overflow-x: hidden;
     }
-    RowList > .row-list--cursor { background: $accent 40%; }
-    RowList:focus > .row-list--cursor { background: $accent 70%; text-style: bold; }
+    RowList > .row-list--cursor { background: $primary 25%; }
+    RowList:focus > .row-list--cursor { background: $primary 45%; text-style: bold; }
     RowList > .row-list--header { text-style: bold; color: $text-muted; background: $panel; }
     RowList > .row-list--placeholder { color: $text-disabled; }
     """
