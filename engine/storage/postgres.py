@@ -261,6 +261,8 @@ def _start_error(target: PostgresTarget, e: BaseException) -> StorageError:
         return StorageError(f"database {where}: {_first_line(e)}")
     if isinstance(e, TimeoutError):
         return StorageError(f"cannot connect to {where}: timed out")
+    if isinstance(e, ConnectionRefusedError):
+        return StorageError(f"cannot connect to {where}: connection refused (is the server running?)")
     if isinstance(e, OSError):
         reason = e.strerror or str(e) or type(e).__name__
         return StorageError(f"cannot connect to {where}: {reason} (is the server running?)")
