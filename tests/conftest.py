@@ -14,18 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.pg_cluster import Cluster, ClusterUnavailable, create_cluster
+from tests.pg_cluster import Cluster, ClusterUnavailable, create_cluster, postgres_required
 
 DSN_ENV = "OBELISK_TEST_POSTGRES_DSN"
 
 _state: dict[str, object] = {}
-
-
-def postgres_required() -> bool:
-    ci = os.environ.get("CI", "").strip().lower()
-    return (ci not in ("", "0", "false", "no")) or os.environ.get(
-        "OBELISK_REQUIRE_POSTGRES"
-    ) == "1"
 
 
 @pytest.fixture(scope="session")

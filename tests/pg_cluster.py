@@ -24,6 +24,13 @@ PASSWORD = "obelisk-test"
 SUPERUSER = "postgres"
 
 
+def postgres_required() -> bool:
+    """In CI (`CI` set, as `.ci/run` runs) or with `OBELISK_REQUIRE_POSTGRES=1`, tests
+    that need PostgreSQL fail when no server can be started, instead of skipping."""
+    ci = os.environ.get("CI", "").strip().lower()
+    return ci not in ("", "0", "false", "no") or os.environ.get("OBELISK_REQUIRE_POSTGRES") == "1"
+
+
 class ClusterUnavailable(Exception):
     """No PostgreSQL server can be started here (the message says why)."""
 
