@@ -337,6 +337,8 @@ TxFn = Callable[[_Conn, Notes], Awaitable[Any]]
 class _Tx:
     fn: TxFn
     future: asyncio.Future[Any]
+    #: The executions whose rows it locks (FOR UPDATE): locked up front, see `_prelock`.
+    keys: tuple[str, ...] = ()
     attempts: int = 0
 
 
@@ -508,13 +510,15 @@ class PostgresStorage:
         self._writer = None
 
     # -- the writer ----------------------------------------------------------------------
-    async def _write(self, fn: Callable[[_Conn, Notes], Awaitable[T]]) -> T:
+    async def _write(
+        self, fn: Callable[[_Conn, Notes], Awaitable[T]], keys: tuple[str, ...] = ()
+    ) -> T:
         if self._closed:
             raise StorageError("storage closed")
         if self._writer_task is None or self._writer_task.done():
             raise StorageError(f"the writer of database {self.path} is not running")
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Tx(fn, fut))
+        self._queue.put_nowait(_Tx(fn, fut, keys))
         return await fut
 
     async def _write_loop(self) -> None:
@@ -788,10 +792,12 @@ class PostgresStorage:
         backtraces = (
             prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
         )
+        finishes = any(isinstance(e, ev.Finished) for e in events)
         return await self._write(
             lambda c, n: _append(
                 c, n, execution_id, expected_version, list(events), now, extras, backtraces
-            )
+            ),
+            _with_parent(execution_id) if finishes else (execution_id,),
         )
 
     async def append_response(
@@ -800,7 +806,7 @@ class PostgresStorage:
         async def tx(c: _Conn, n: Notes) -> None:
             await _add_response(c, n, execution_id, response, now)
 
-        await self._write(tx)
+        await self._write(tx, (execution_id,))
 
     async def append_upgrade_finished(
         self,
@@ -819,7 +825,7 @@ class PostgresStorage:
             )
             return s
 
-        return await self._write(tx)
+        return await self._write(tx, (execution_id,))
 
     async def append_logs(
         self, execution_id: str, run_id: str | None, lines: Sequence[LogLine], now: datetime
@@ -833,7 +839,7 @@ class PostgresStorage:
             events = pause_events(s, execution_id, now, n)
             return await _append(c, n, execution_id, s.next_version, events, now, None)
 
-        return await self._write(tx)
+        return await self._write(tx, (execution_id,))
 
     async def unpause(self, execution_id: str, now: datetime) -> ExecutionSummary:
         async def tx(c: _Conn, n: Notes) -> ExecutionSummary:
@@ -841,7 +847,7 @@ class PostgresStorage:
             check_unpause(s, execution_id)
             return await _append(c, n, execution_id, s.next_version, [ev.Unpaused()], now, None)
 
-        return await self._write(tx)
+        return await self._write(tx, (execution_id,))
 
     async def request_cancellation(self, execution_id: str, now: datetime) -> ExecutionSummary:
         async def tx(c: _Conn, n: Notes) -> ExecutionSummary:
@@ -849,10 +855,14 @@ class PostgresStorage:
             events = cancel_events(s, execution_id)
             return await _append(c, n, execution_id, s.next_version, events, now, None)
 
-        return await self._write(tx)
+        return await self._write(tx, _with_parent(execution_id))
 
     async def cancel_delay(self, delay_id: str, now: datetime) -> ExecutionSummary:
-        return await self._write(lambda c, n: _cancel_delay(c, n, delay_id, now))
+        try:
+            keys: tuple[str, ...] = (str(DelayId.parse(delay_id).owner()[0]),)
+        except IdError:
+            keys = ()
+        return await self._write(lambda c, n: _cancel_delay(c, n, delay_id, now), keys)
 
     async def cancelling_executions(
         self, after_id: str = "", limit: int = 1000
@@ -1040,7 +1050,8 @@ class PostgresStorage:
     ) -> int:
         prepared = prepare_backtraces(component_digest, backtraces)
         return await self._write(
-            lambda c, n: _replace_backtraces(c, execution_id, prepared, below_version)
+            lambda c, n: _replace_backtraces(c, execution_id, prepared, below_version),
+            (execution_id,),
         )
 
     async def save_component_sources(self, sources: Sequence[ComponentSource]) -> None:
@@ -1258,6 +1269,7 @@ async def _run_plain(
 ) -> list[Outcome] | None:
     outcomes: list[Outcome] = []
     await conn.execute("BEGIN")
+    await _prelock(conn, batch)
     for tx in batch:
         notes = Notes()
         c = _Conn(conn)
@@ -1289,6 +1301,7 @@ async def _run_savepoints(
 ) -> list[Outcome]:
     outcomes: list[Outcome] = []
     await conn.execute("BEGIN")
+    await _prelock(conn, batch)
     for tx in batch:
         notes = Notes()
         await conn.execute("SAVEPOINT tx")
@@ -1314,6 +1327,29 @@ async def _run_savepoints(
             results += await _run_savepoints(conn, [tx], ident)
         return results
     return outcomes
+
+
+async def _prelock(conn: asyncpg.Connection, batch: list[_Tx]) -> None:
+    """Lock every row the batch's transactions will lock, in one statement and in id
+    order. Batches of different processes otherwise lock rows in their own orders (a
+    child's row, then its parent's) and deadlock, which PostgreSQL resolves only after
+    `deadlock_timeout` (1 s) of stall; in one global order they just wait their turn."""
+    keys = sorted({k for tx in batch for k in tx.keys})
+    if keys:
+        await conn.execute(
+            "SELECT 1 FROM executions WHERE execution_id = ANY($1::text[]) "
+            "ORDER BY execution_id FOR UPDATE",
+            keys,
+        )
+
+
+def _with_parent(execution_id: str) -> tuple[str, ...]:
+    """The execution and its parent (whose row a `finished` answers)."""
+    try:
+        parent = ExecutionId.parse(execution_id).parent()
+    except IdError:
+        return (execution_id,)
+    return (execution_id,) if parent is None else (execution_id, str(parent[0]))
 
 
 async def _commit(conn: asyncpg.Connection, outcomes: list[Outcome], ident: _Ident) -> None:

@@ -312,3 +312,59 @@ async def test_server_restart_is_survived(
 def test_schema_names_are_valid() -> None:
     name = schema_name("/tmp/pytest-of-root/x")
     assert parse_dsn(f"postgresql://h/db?schema={name}").schema == name
+
+
+async def test_processes_finishing_children_of_shared_parents_do_not_deadlock(
+    opened: Opener, url: str
+) -> None:
+    """Batches of two processes each finish children of the same parents (child row,
+    then parent row): without one lock order across processes they deadlock."""
+    a, b = await opened(), await opened()
+    js = "g:1"
+    parents: list[str] = []
+    children: list[str] = []
+    for _ in range(20):
+        parent = create_request(ffqn=WORKFLOW_FFQN)
+        await a.create(parent, at(0))
+        pid = parent.execution_id
+        parents.append(pid)
+        [wf] = await a.lock_pending(**Executor([WORKFLOW_FFQN], WORKFLOW).lock_args(at(1)))
+        kids = [child_id(pid, js, n) for n in range(1, 5)]
+        children += kids
+        await a.append(
+            pid,
+            wf.next_version,
+            [ev.HistoryEvent(ev.JoinSetCreate(js))]
+            + [
+                ev.HistoryEvent(ev.JoinSetRequest(js, ev.ChildExecutionRequest(k, ACTIVITY_FFQN, [])))
+                for k in kids
+            ],
+            at(2),
+            extras=AppendExtras(creates=[create_request(k, parent=(pid, js)) for k in kids]),
+        )
+    locked = await a.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3), batch_size=100))
+    assert len(locked) == len(children)
+    conn = await raw(url)
+    try:
+        before = await conn.fetchval(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        )
+        # Each process's batch holds children of every parent, one in the parents'
+        # order, the other in reverse: opposite lock orders of the parents' rows.
+        forward = [le for i, le in enumerate(locked) if i % 2]
+        backward = [le for i, le in enumerate(locked) if not i % 2][::-1]
+        await asyncio.gather(
+            *(
+                s.append(le.execution_id, le.next_version, [ev.Finished(OK)], at(4))
+                for s, batch in ((a, forward), (b, backward))
+                for le in batch
+            )
+        )
+        after = await conn.fetchval(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        )
+    finally:
+        await conn.close()
+    assert after == before
+    for pid in parents:
+        assert len(await a.get_responses(pid)) == 4
