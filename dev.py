@@ -55,7 +55,7 @@ def demo(extra: list[str]) -> int:
 
 
 def test(extra: list[str]) -> int:
-    sh(PY, "-m", "ruff", "check", "engine", "tests", "bench", "dev.py")
+    sh(PY, "-m", "ruff", "check", "engine", "obelisk_tui", "tests", "bench", "dev.py")
     sh(PY, "-m", "mypy")
     return sh(PY, "-m", "pytest", "-q", *extra, check=False)
 

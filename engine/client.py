@@ -46,6 +46,9 @@ class ExecutionInfo(TypedDict):
     temporary_event_count: int
     #: `{"ok": v}`, `{"err": v}` or `{"execution_failure": {kind, reason, detail}}`.
     result: dict[str, Any] | None
+    #: Only in lists asked with `extras`: direct children, type of the last event.
+    children: NotRequired[int]
+    last_event: NotRequired[str | None]
 
 
 class SubmitAnswer(TypedDict):
@@ -116,6 +119,14 @@ class ComponentSourceInfo(TypedDict):
     digest: str
     file: str
     source: str
+
+
+class DeploymentInfo(TypedDict):
+    deployment_id: str
+    components: list[ComponentInfo]
+    #: The start or the last reload attempt (`engine.reload.ReloadStatus.to_json`):
+    #: generation, at, trigger, ok, error, changes, upgrades, pinned, duration_ms, ….
+    reload: dict[str, Any]
 
 
 class PersistBacktracesAnswer(TypedDict):
@@ -340,7 +351,7 @@ class ApiClient:
                 payload = response.read()
         except urllib.error.HTTPError as e:
             with e:
-                raise ApiError(e.code, _error_message(e.code, e.read())) from None
+                raise ApiError(e.code, error_message(e.code, e.read())) from None
         except urllib.error.URLError as e:
             raise ServerUnreachable(self.base_url, _reason(e.reason)) from None
         except TimeoutError:
@@ -375,7 +386,7 @@ def _reason(reason: object) -> str:
     return str(reason)
 
 
-def _error_message(status: int, payload: bytes) -> str:
+def error_message(status: int, payload: bytes) -> str:
     try:
         body = json.loads(payload)
     except ValueError:
@@ -404,4 +415,5 @@ __all__ = [
     "ResponseEntry",
     "ServerUnreachable",
     "SubmitAnswer",
+    "error_message",
 ]

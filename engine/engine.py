@@ -171,6 +171,22 @@ class Engine:
         """Every later reload status, as an async iterator (subscribed from this call)."""
         return self.reloader.subscribe()
 
+    async def wait_reload(self, after_generation: int, timeout: float) -> ReloadStatus:
+        """The first reload status with a generation above `after_generation`, waiting up
+        to `timeout` seconds for it (then the current one)."""
+        with self.reloader.subscribe() as events:  # before the check: none is missed
+            current = self.reloader.status()
+            if current.generation > after_generation:
+                return current
+            try:
+                async with asyncio.timeout(timeout):
+                    async for status in events:
+                        if status.generation > after_generation:
+                            return status
+            except TimeoutError:
+                pass
+        return self.reloader.status()
+
     async def reload(self) -> ReloadStatus:
         """Reload the deployment now (the watcher does it on file changes)."""
         return await self.reloader.reload("manual")

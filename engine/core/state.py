@@ -418,14 +418,21 @@ def on_lock_expired(s: ExecutionSummary, now: datetime) -> ev.Event:
 def replay_stored(
     events: Iterable[ev.StoredEvent], responses: Iterable[ev.StoredResponse]
 ) -> ExecutionSummary:
-    """`replay` of a stored log and its responses, interleaved by write time.
+    """`replay` of a stored log and its responses, interleaved by write time."""
+    return replay((at, item) for at, item, _ in interleave_stored(events, responses))
+
+
+def interleave_stored(
+    events: Iterable[ev.StoredEvent], responses: Iterable[ev.StoredResponse]
+) -> list[tuple[datetime, ev.Event | ev.Response, int | None]]:
+    """A log and its responses in write order: (time, item, version — None for a response).
 
     Responses written in the same transaction as an event share its timestamp; they are
     placed after the requests and before the `join_next` of that transaction, which is
     the order the engine writes them in.
     """
     pending = sorted(responses, key=lambda r: r.cursor)
-    items: list[tuple[datetime, ev.Event | ev.Response]] = []
+    items: list[tuple[datetime, ev.Event | ev.Response, int | None]] = []
     i = 0
     for stored in events:
         is_join_next = isinstance(stored.event, ev.HistoryEvent) and isinstance(
@@ -435,8 +442,8 @@ def replay_stored(
             pending[i].created_at < stored.created_at
             or (is_join_next and pending[i].created_at == stored.created_at)
         ):
-            items.append((pending[i].created_at, pending[i].response))
+            items.append((pending[i].created_at, pending[i].response, None))
             i += 1
-        items.append((stored.created_at, stored.event))
-    items.extend((r.created_at, r.response) for r in pending[i:])
-    return replay(items)
+        items.append((stored.created_at, stored.event, stored.version))
+    items.extend((r.created_at, r.response, None) for r in pending[i:])
+    return items

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -21,6 +21,7 @@ from engine.client import (
     BacktraceInfo,
     ComponentInfo,
     ComponentSourceInfo,
+    DeploymentInfo,
     EventEntry,
     ExecutionInfo,
     FunctionExport,
@@ -33,12 +34,16 @@ from engine.core.ids import ExecutionId, IdError
 from engine.core.state import StateName
 from engine.errors import DeploymentError, InvalidParams, UnknownFunction
 from engine.storage.contract import (
+    LIST_ORDERS,
+    Backtrace,
+    ComponentSource,
     Conflict,
     ExecutionRow,
     ListFilter,
     NotCancellable,
     NotFound,
     StorageError,
+    StoredLog,
 )
 
 if TYPE_CHECKING:
@@ -80,6 +85,7 @@ def make_app(engine: Engine, token: str | None) -> web.Application:
     app.router.add_get("/openapi.json", _openapi)
     app.router.add_get("/v1/executions", _list_executions)
     app.router.add_post("/v1/executions", _submit)
+    app.router.add_get("/v1/executions/count", _count_executions)  # ids start with E_
     app.router.add_get("/v1/executions/{execution_id}", _result)
     app.router.add_get("/v1/executions/{execution_id}/status", _status)
     app.router.add_get("/v1/executions/{execution_id}/events", _events)
@@ -95,6 +101,8 @@ def make_app(engine: Engine, token: str | None) -> web.Application:
     app.router.add_get("/v1/components", _components)
     app.router.add_get("/v1/components/{digest}/source", _component_source)
     app.router.add_get("/v1/deployment", _deployment)
+    app.router.add_get("/v1/stats", _stats)
+    app.router.add_get("/v1/changes", _changes)
     return app
 
 
@@ -122,6 +130,11 @@ _STATUS_OF: tuple[tuple[type[Exception], int], ...] = (
 _MAPPED = (NotFound, UnknownFunction, InvalidParams, NotCancellable, Conflict)
 
 
+def error_status(error: Exception) -> int:
+    """The HTTP status of an engine or storage error (500 for anything not a refusal)."""
+    return next((code for cls, code in _STATUS_OF if isinstance(error, cls)), 500)
+
+
 @web.middleware
 async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -144,8 +157,7 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
         return _error(e.status, message, headers or None)
     except _MAPPED as e:
-        status = next(code for cls, code in _STATUS_OF if isinstance(e, cls))
-        return _error(status, str(e))
+        return _error(error_status(e), str(e))
     except (StorageError, DeploymentError) as e:
         log.error("%s %s failed: %s", request.method, request.path, e)
         return _error(500, str(e))
@@ -249,7 +261,7 @@ def _opt_ts(value: Any) -> str | None:
 
 
 def execution_info(row: ExecutionRow) -> ExecutionInfo:
-    return {
+    info: ExecutionInfo = {
         "execution_id": row.execution_id,
         "ffqn": row.ffqn,
         "component_type": row.component_type,
@@ -263,6 +275,70 @@ def execution_info(row: ExecutionRow) -> ExecutionInfo:
         "temporary_event_count": row.temporary_event_count,
         "result": None if row.result is None else ev.result_to_json(row.result),
     }
+    if row.children is not None:
+        info["children"] = row.children
+        info["last_event"] = row.last_event
+    return info
+
+
+def event_entries(stored: Sequence[ev.StoredEvent], with_backtrace: bool) -> list[EventEntry]:
+    out: list[EventEntry] = []
+    for e in stored:
+        entry: EventEntry = {
+            "version": e.version,
+            "created_at": _ts(e.created_at),
+            "event": ev.to_builtins(e.event),
+        }
+        if with_backtrace:
+            entry["backtrace_id"] = e.backtrace_id
+        out.append(entry)
+    return out
+
+
+def response_entries(stored: Sequence[ev.StoredResponse]) -> list[ResponseEntry]:
+    return [
+        {"cursor": r.cursor, "created_at": _ts(r.created_at), "response": ev.to_builtins(r.response)}
+        for r in stored
+    ]
+
+
+def log_entries(lines: Sequence[StoredLog]) -> list[LogEntry]:
+    return [
+        {
+            "id": line.id,
+            "run_id": line.run_id,
+            "created_at": _ts(line.created_at),
+            "level": line.level,
+            "stream": line.stream,
+            "message": line.message,
+        }
+        for line in lines
+    ]
+
+
+def backtrace_info(execution_id: str, version: int, bt: Backtrace) -> BacktraceInfo:
+    return {
+        "execution_id": execution_id,
+        "version": version,
+        "backtrace_id": bt.backtrace_id,
+        "component_digest": bt.component_digest,
+        "frames": [
+            {"file": f.file, "line": f.line, "column": f.column, "function": f.function}
+            for f in bt.frames
+        ],
+    }
+
+
+def component_source_info(source: ComponentSource) -> ComponentSourceInfo:
+    return {"digest": source.digest, "file": source.file, "source": source.source}
+
+
+def deployment_info(engine: Engine) -> DeploymentInfo:
+    return {
+        "deployment_id": engine.deployment_id,
+        "components": component_infos(engine),
+        "reload": engine.reload_status().to_json(),
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,33 +346,72 @@ def execution_info(row: ExecutionRow) -> ExecutionInfo:
 # ---------------------------------------------------------------------------------------
 
 
-async def _list_executions(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
-    states = request.query.getall("state", [])
+def _list_filter(request: web.Request) -> ListFilter:
+    """The filter, order and page of a list (or count) request's query."""
+    query = request.query
+    states = query.getall("state", [])
     for s in states:
         if s not in STATE_NAMES:
             raise ApiProblem(
                 400, f"unknown state {s!r} (expected one of: {', '.join(STATE_NAMES)})"
             )
-    before = request.query.get("before") or None
+    before = query.get("before") or None
     if before is not None:
         try:
             before = str(ExecutionId.parse(before))
         except IdError as e:
             raise ApiProblem(400, f"query parameter `before`: {e}") from None
+    order = query.get("order") or "created_desc"
+    if order not in LIST_ORDERS:
+        raise ApiProblem(
+            400, f"unknown order {order!r} (expected one of: {', '.join(LIST_ORDERS)})"
+        )
     limit = _int_query(request, "limit", 100, 1, MAX_LIST_LIMIT)
-    assert limit is not None
-    flt = ListFilter(
-        ffqn_prefix=request.query.get("ffqn") or None,
+    offset = _int_query(request, "offset", 0, 0)
+    assert limit is not None and offset is not None
+    return ListFilter(
+        ffqn_prefix=query.get("ffqn") or None,
         states=tuple(states) or None,
         hide_finished=_bool_query(request, "hide_finished"),
         top_level_only=_bool_query(request, "top_level_only"),
-        id_prefix=request.query.get("id_prefix") or None,
+        id_prefix=query.get("id_prefix") or None,
         limit=limit,
         before_id=before,
+        offset=offset,
+        order=order,  # type: ignore[arg-type]  # checked against LIST_ORDERS above
+        with_extras=_bool_query(request, "extras"),
     )
-    rows = await engine.storage.list_executions(flt)
+
+
+async def _list_executions(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    rows = await engine.storage.list_executions(_list_filter(request))
     return _json([execution_info(r) for r in rows])
+
+
+async def _count_executions(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return _json({"count": await engine.storage.count_executions(_list_filter(request))})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    """Executions per state (with overlays as their own states), for dashboards."""
+    counts = await request.app[ENGINE_KEY].storage.count_by_state()
+    return _json({"by_state": {name: counts.get(name, 0) for name in STATE_NAMES}})
+
+
+MAX_WAIT_SECONDS = 60.0
+
+
+async def _changes(request: web.Request) -> web.Response:
+    """Long poll: answer once anything was committed after generation `since` (or after
+    `timeout` seconds), with the current generation. Clients refresh on a new value."""
+    since = _int_query(request, "since", -1, -1)
+    timeout = min(_float_query(request, "timeout") or 25.0, MAX_WAIT_SECONDS)
+    assert since is not None
+    feed = request.app[ENGINE_KEY].storage.changes()
+    generation = await feed.wait_changed(since, timeout)
+    return _json({"generation": generation})
 
 
 _SUBMIT_KEYS = ("ffqn", "params", "execution_id")
@@ -361,17 +476,7 @@ async def _events(request: web.Request) -> web.Response:
     assert version is not None
     await engine.storage.get_summary(eid)  # 404 for an unknown id, whatever the range
     stored = await engine.storage.get_events(eid, version, length)
-    out: list[EventEntry] = []
-    for e in stored:
-        entry: EventEntry = {
-            "version": e.version,
-            "created_at": _ts(e.created_at),
-            "event": ev.to_builtins(e.event),
-        }
-        if with_backtrace:
-            entry["backtrace_id"] = e.backtrace_id
-        out.append(entry)
-    return _json(out)
+    return _json(event_entries(stored, with_backtrace))
 
 
 async def _responses(request: web.Request) -> web.Response:
@@ -380,12 +485,7 @@ async def _responses(request: web.Request) -> web.Response:
     after = _int_query(request, "after", 0, 0)
     assert after is not None
     await engine.storage.get_summary(eid)
-    stored = await engine.storage.get_responses(eid, after)
-    out: list[ResponseEntry] = [
-        {"cursor": r.cursor, "created_at": _ts(r.created_at), "response": ev.to_builtins(r.response)}
-        for r in stored
-    ]
-    return _json(out)
+    return _json(response_entries(await engine.storage.get_responses(eid, after)))
 
 
 async def _logs(request: web.Request) -> web.Response:
@@ -395,19 +495,7 @@ async def _logs(request: web.Request) -> web.Response:
     limit = _int_query(request, "limit", 1000, 1, MAX_LOG_LIMIT)
     assert after is not None and limit is not None
     await engine.storage.get_summary(eid)
-    lines = await engine.storage.get_logs(eid, after, limit)
-    out: list[LogEntry] = [
-        {
-            "id": line.id,
-            "run_id": line.run_id,
-            "created_at": _ts(line.created_at),
-            "level": line.level,
-            "stream": line.stream,
-            "message": line.message,
-        }
-        for line in lines
-    ]
-    return _json(out)
+    return _json(log_entries(await engine.storage.get_logs(eid, after, limit)))
 
 
 async def _backtrace(request: web.Request) -> web.Response:
@@ -420,17 +508,7 @@ async def _backtrace(request: web.Request) -> web.Response:
     bt = await engine.storage.get_backtrace(eid, version)  # 404 for an unknown id
     if bt is None:
         raise ApiProblem(404, f"execution {eid} has no backtrace for version {version}")
-    answer: BacktraceInfo = {
-        "execution_id": eid,
-        "version": version,
-        "backtrace_id": bt.backtrace_id,
-        "component_digest": bt.component_digest,
-        "frames": [
-            {"file": f.file, "line": f.line, "column": f.column, "function": f.function}
-            for f in bt.frames
-        ],
-    }
-    return _json(answer)
+    return _json(backtrace_info(eid, version, bt))
 
 
 async def _persist_backtraces(request: web.Request) -> web.Response:
@@ -515,13 +593,11 @@ async def _components(request: web.Request) -> web.Response:
 async def _deployment(request: web.Request) -> web.Response:
     """The deployment in force and the outcome of the last reload (SPEC §9.3)."""
     engine = request.app[ENGINE_KEY]
-    return _json(
-        {
-            "deployment_id": engine.deployment_id,
-            "components": component_infos(engine),
-            "reload": engine.reload_status().to_json(),
-        }
-    )
+    after = _int_query(request, "after", None, -1)
+    if after is not None:  # long poll for the next reload
+        timeout = min(_float_query(request, "timeout") or 25.0, MAX_WAIT_SECONDS)
+        await engine.wait_reload(after, timeout)
+    return _json(deployment_info(engine))
 
 
 async def _component_source(request: web.Request) -> web.Response:
@@ -531,12 +607,7 @@ async def _component_source(request: web.Request) -> web.Response:
     source = await get_component_source(request.app[ENGINE_KEY], digest)
     if source is None:
         raise ApiProblem(404, f"no source is known for component {digest}")
-    answer: ComponentSourceInfo = {
-        "digest": source.digest,
-        "file": source.file,
-        "source": source.source,
-    }
-    return _json(answer)
+    return _json(component_source_info(source))
 
 
 async def _openapi(request: web.Request) -> web.Response:
@@ -663,6 +734,8 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "lock_expires_at": {**timestamp, "type": ["string", "null"]},
                 "temporary_event_count": {"type": "integer"},
                 "result": {"oneOf": [_ref("Result"), {"type": "null"}]},
+                "children": {"type": "integer", "description": "with `extras`"},
+                "last_event": {"type": ["string", "null"], "description": "with `extras`"},
             },
         },
         "SubmitRequest": {
@@ -787,6 +860,21 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
             },
         },
     }
+    schemas["Count"] = {
+        "type": "object", "required": ["count"], "properties": {"count": {"type": "integer"}},
+    }
+    schemas["Generation"] = {
+        "type": "object",
+        "required": ["generation"],
+        "properties": {"generation": {"type": "integer",
+                                      "description": "bumped by every commit of the server"}},
+    }
+    schemas["Stats"] = {
+        "type": "object",
+        "required": ["by_state"],
+        "properties": {"by_state": {"type": "object",
+                                    "additionalProperties": {"type": "integer"}}},
+    }
     schemas["Deployment"] = {
         "type": "object",
         "required": ["deployment_id", "components", "reload"],
@@ -834,6 +922,12 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                                      "maximum": MAX_LIST_LIMIT, "default": 100}, "page size"),
                     _query("before", {"type": "string"},
                            "paging cursor: the last execution_id of the previous page"),
+                    _query("offset", {"type": "integer", "minimum": 0, "default": 0},
+                           "paging by position: skip this many rows"),
+                    _query("order", {"enum": list(LIST_ORDERS), "default": "created_desc"},
+                           "newest first, oldest first, or last change first"),
+                    _query("extras", {"type": "boolean"},
+                           "add `children` (direct children) and `last_event` (its type)"),
                 ],
                 "responses": {**_ok("Executions", _array_of("Execution")), **_errors(400)},
             },
@@ -848,6 +942,20 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                     **_errors(400, 404, 409),
                 },
             },
+        },
+        "/v1/executions/count": {
+            "get": {
+                "summary": "How many executions the list filters select",
+                "parameters": [
+                    _query("ffqn", {"type": "string"}, "FFQN prefix"),
+                    _query("state", {"type": "array", "items": {"enum": list(STATE_NAMES)}},
+                           "state name; repeat for several", explode=True),
+                    _query("hide_finished", {"type": "boolean"}, "leave out finished ones"),
+                    _query("top_level_only", {"type": "boolean"}, "leave out child executions"),
+                    _query("id_prefix", {"type": "string"}, "execution id prefix"),
+                ],
+                "responses": {**_ok("The count", _ref("Count")), **_errors(400)},
+            }
         },
         "/v1/executions/{execution_id}": {
             "get": {
@@ -968,7 +1076,33 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
         "/v1/deployment": {
             "get": {
                 "summary": "The deployment in force and the outcome of its last hot reload",
-                "responses": {**_ok("Deployment", _ref("Deployment")), **_errors()},
+                "parameters": [
+                    _query("after", {"type": "integer", "minimum": -1},
+                           "long poll: answer once a reload with a greater `generation` "
+                           "happened (or at the timeout)"),
+                    _query("timeout", {"type": "number", "minimum": 0, "default": 25},
+                           "with after: seconds to wait at most (60 at the most)"),
+                ],
+                "responses": {**_ok("Deployment", _ref("Deployment")), **_errors(400)},
+            }
+        },
+        "/v1/stats": {
+            "get": {
+                "summary": "Executions per state",
+                "responses": {**_ok("Counts", _ref("Stats")), **_errors()},
+            }
+        },
+        "/v1/changes": {
+            "get": {
+                "summary": "Long poll: answers once anything was written after `since`",
+                "parameters": [
+                    _query("since", {"type": "integer", "minimum": -1, "default": -1},
+                           "the generation the client has seen (-1: answer at once)"),
+                    _query("timeout", {"type": "number", "minimum": 0, "default": 25},
+                           "seconds to wait at most (60 at the most)"),
+                ],
+                "responses": {**_ok("The current generation", _ref("Generation")),
+                              **_errors(400)},
             }
         },
         "/v1/components/{digest}/source": {
@@ -1006,4 +1140,17 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
     return doc
 
 
-__all__ = ["ApiProblem", "component_infos", "execution_info", "make_app", "openapi_document"]
+__all__ = [
+    "ApiProblem",
+    "backtrace_info",
+    "component_infos",
+    "component_source_info",
+    "deployment_info",
+    "error_status",
+    "event_entries",
+    "execution_info",
+    "log_entries",
+    "make_app",
+    "openapi_document",
+    "response_entries",
+]

@@ -171,6 +171,26 @@ def response_source(response: ev.Response) -> str:
     return response.delay_id
 
 
+class _EventType(msgspec.Struct):
+    """Just enough of a stored event to name it (other fields are skipped)."""
+
+    type: str
+    event: _InnerType | None = None
+
+
+class _InnerType(msgspec.Struct):
+    type: str
+
+
+_event_type_decoder = msgspec.json.Decoder(_EventType)
+
+
+def event_type(blob: bytes) -> str:
+    """The type of a stored event; the inner type for history events (`join_next`)."""
+    e = _event_type_decoder.decode(blob)
+    return e.event.type if e.type == "history_event" and e.event is not None else e.type
+
+
 # -- backtraces (SPEC §7.4) ---------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from engine.core import events as ev
 from engine.core.state import ExecutionSummary, PendingState
@@ -90,6 +90,15 @@ class ExecutionRow:
     lock_expires_at: datetime | None
     result: ev.ExecutionResult | None
     temporary_event_count: int
+    #: Only with `ListFilter.with_extras`: the number of direct children, and the type of
+    #: the last event (the inner type for history events, e.g. "join_next").
+    children: int | None = None
+    last_event: str | None = None
+
+
+#: Orders of `list_executions`: newest first (default), oldest first, last change first.
+ListOrder = Literal["created_desc", "created_asc", "updated_desc"]
+LIST_ORDERS: tuple[ListOrder, ...] = ("created_desc", "created_asc", "updated_desc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +111,11 @@ class ListFilter:
     limit: int = 100
     #: Paging: return rows created strictly before this (execution_id) cursor.
     before_id: str | None = None
+    #: Paging by position (a virtual list): skip this many rows of the order.
+    offset: int = 0
+    order: ListOrder = "created_desc"
+    #: Fill `ExecutionRow.children` and `.last_event` (two more indexed reads per page).
+    with_extras: bool = False
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -261,6 +275,10 @@ class Storage(Protocol):
     async def list_executions(self, flt: ListFilter) -> list[ExecutionRow]: ...
 
     async def count_by_state(self) -> dict[str, int]: ...
+
+    async def count_executions(self, flt: ListFilter) -> int:
+        """How many rows `list_executions(flt)` would page through (limit, offset and
+        order ignored)."""
 
     async def unfinished_executions(
         self, ffqns: Sequence[str] | None = None, *, pinned_only: bool = False

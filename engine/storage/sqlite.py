@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import sqlite3
@@ -42,6 +43,7 @@ from engine.storage.common import (
     cancel_events,
     check_unpause,
     dt,
+    event_type,
     execution_row,
     frames_decoder,
     not_before,
@@ -76,7 +78,7 @@ log = logging.getLogger("obelisk.storage")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MIGRATIONS: list[str] = [
     # 1: initial schema
@@ -160,6 +162,10 @@ MIGRATIONS: list[str] = [
         file TEXT NOT NULL,
         source TEXT NOT NULL
     );
+    """,
+    # 4: the console's "last change first" order pages through an index, not a sort
+    """
+    CREATE INDEX executions_updated ON executions (updated_at DESC, execution_id DESC);
     """,
 ]
 
@@ -507,34 +513,50 @@ class SqliteStorage:
         raise NotFound(f"execution {execution_id} not found")
 
     async def list_executions(self, flt: ListFilter) -> list[ExecutionRow]:
-        where: list[str] = []
-        args: list[Any] = []
-        if flt.ffqn_prefix:
-            where.append("ffqn >= ? AND ffqn < ?")
-            args += [flt.ffqn_prefix, flt.ffqn_prefix + "\U0010ffff"]
-        if flt.states:
-            where.append(f"state IN ({','.join('?' * len(flt.states))})")
-            args += list(flt.states)
-        if flt.hide_finished:
-            where.append("state != 'finished'")
-        if flt.top_level_only:
-            where.append("parent_id IS NULL")
-        if flt.id_prefix:
-            where.append("execution_id >= ? AND execution_id < ?")
-            args += [flt.id_prefix, flt.id_prefix + "\U0010ffff"]
-        if flt.before_id:
-            where.append(
-                "(created_at, execution_id) < (SELECT created_at, execution_id FROM executions "
-                "WHERE execution_id = ?)"
+        where, args = _list_where(flt)
+        sql = f"SELECT {_ROW_COLUMNS} FROM executions{where} ORDER BY {_ORDER_BY[flt.order]}"
+        sql += " LIMIT ? OFFSET ?"
+        rows = await self._reader.execute_fetchall(sql, [*args, flt.limit, flt.offset])
+        result = [_row(r) for r in rows]
+        if flt.with_extras and result:
+            result = await self._with_extras(result)
+        return result
+
+    async def count_executions(self, flt: ListFilter) -> int:
+        where, args = _list_where(flt)
+        rows = await self._reader.execute_fetchall(f"SELECT count(*) FROM executions{where}", args)
+        for (count,) in rows:
+            return int(count)
+        return 0
+
+    async def _with_extras(self, rows: list[ExecutionRow]) -> list[ExecutionRow]:
+        ids = [r.execution_id for r in rows]
+        marks = ",".join("?" * len(ids))
+        children: dict[str, int] = dict(
+            await self._reader.execute_fetchall(  # type: ignore[arg-type]
+                f"SELECT parent_id, count(*) FROM executions WHERE parent_id IN ({marks}) "
+                "GROUP BY parent_id",
+                ids,
             )
-            args.append(flt.before_id)
-        sql = f"SELECT {_ROW_COLUMNS} FROM executions"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, execution_id DESC LIMIT ?"
-        args.append(flt.limit)
-        rows = await self._reader.execute_fetchall(sql, args)
-        return [_row(r) for r in rows]
+        )
+        pairs = ",".join("(?, ?)" for _ in rows)
+        last_args: list[Any] = []
+        for r in rows:
+            last_args += [r.execution_id, r.next_version - 1]
+        last = {
+            eid: _event_type(blob)
+            for eid, blob in await self._reader.execute_fetchall(
+                "SELECT execution_id, event FROM events WHERE (execution_id, version) IN "
+                f"(VALUES {pairs})",
+                last_args,
+            )
+        }
+        return [
+            dataclasses.replace(
+                r, children=children.get(r.execution_id, 0), last_event=last.get(r.execution_id)
+            )
+            for r in rows
+        ]
 
     async def unfinished_executions(
         self, ffqns: Sequence[str] | None = None, *, pinned_only: bool = False
@@ -1380,6 +1402,42 @@ def _cancel_delay(
         _after_last_write(conn, execution_id, now),
     )
     return _load_summary(conn, execution_id)
+
+
+_ORDER_BY: dict[str, str] = {
+    "created_desc": "created_at DESC, execution_id DESC",
+    "created_asc": "created_at ASC, execution_id ASC",
+    "updated_desc": "updated_at DESC, execution_id DESC",
+}
+
+
+def _list_where(flt: ListFilter) -> tuple[str, list[Any]]:
+    """The WHERE clause (with its leading space, or empty) of a list filter."""
+    where: list[str] = []
+    args: list[Any] = []
+    if flt.ffqn_prefix:
+        where.append("ffqn >= ? AND ffqn < ?")
+        args += [flt.ffqn_prefix, flt.ffqn_prefix + "\U0010ffff"]
+    if flt.states:
+        where.append(f"state IN ({','.join('?' * len(flt.states))})")
+        args += list(flt.states)
+    if flt.hide_finished:
+        where.append("state != 'finished'")
+    if flt.top_level_only:
+        where.append("parent_id IS NULL")
+    if flt.id_prefix:
+        where.append("execution_id >= ? AND execution_id < ?")
+        args += [flt.id_prefix, flt.id_prefix + "\U0010ffff"]
+    if flt.before_id:
+        where.append(
+            "(created_at, execution_id) < (SELECT created_at, execution_id FROM executions "
+            "WHERE execution_id = ?)"
+        )
+        args.append(flt.before_id)
+    return (" WHERE " + " AND ".join(where) if where else ""), args
+
+
+_event_type = event_type
 
 
 _ROW_COLUMNS = "execution_id, ffqn, component_type, parent_id, created_at, updated_at, summary"

@@ -553,6 +553,9 @@ async def test_openapi(client: TestClient[Any, Any]) -> None:
         "/v1/components",
         "/v1/deployment",
         "/v1/components/{digest}/source",
+        "/v1/executions/count",
+        "/v1/stats",
+        "/v1/changes",
         "/openapi.json",
     }
     # Every route of the app is documented, with the methods it accepts.
@@ -761,3 +764,76 @@ async def test_workflow_with_a_stub_child(workflow_client: TestClient[Any, Any])
     events = await (await c.get(f"/v1/executions/{eid}/events")).json()
     history = [e["event"]["event"]["type"] for e in events if e["event"]["type"] == "history_event"]
     assert "join_set_request" in history
+
+
+# -- console support: positions, orders, counts, extras, long polls ----------------------
+
+
+async def test_list_offset_order_extras_and_count(client: TestClient[Any, Any]) -> None:
+    ids = [await submit(client, params=[f"o-{i}"]) for i in range(5)]
+    await submit(client, COUNT, [1, []])
+    r = await client.get("/v1/executions", params={"ffqn": APPROVE, "offset": "1", "limit": "2"})
+    assert [x["execution_id"] for x in await r.json()] == [ids[3], ids[2]]
+    r = await client.get("/v1/executions", params={"ffqn": APPROVE, "order": "created_asc"})
+    rows = await r.json()
+    assert [x["execution_id"] for x in rows] == ids
+    assert "children" not in rows[0] and "last_event" not in rows[0]
+    r = await client.put(f"/v1/executions/{ids[0]}/pause")
+    assert r.status == 200
+    r = await client.get("/v1/executions", params={"order": "updated_desc", "extras": "true"})
+    rows = await r.json()
+    assert rows[0]["execution_id"] == ids[0]  # the last change first
+    assert (rows[0]["children"], rows[0]["last_event"]) == (0, "paused")
+    assert {x["last_event"] for x in rows[1:]} == {"created"}
+    r = await client.get("/v1/executions/count", params={"ffqn": APPROVE})
+    assert await r.json() == {"count": 5}
+    r = await client.get("/v1/executions/count", params=[("state", "paused")])
+    assert await r.json() == {"count": 1}
+    r = await client.get("/v1/executions", params={"order": "sideways"})
+    await expect_error(r, 400, "unknown order 'sideways'", "created_desc")
+    r = await client.get("/v1/executions/count", params={"state": "asleep"})
+    await expect_error(r, 400, "unknown state 'asleep'")
+    r = await client.get("/v1/executions", params={"offset": "-1"})
+    await expect_error(r, 400, "offset")
+
+
+async def test_stats(client: TestClient[Any, Any]) -> None:
+    r = await client.get("/v1/stats")
+    assert (await r.json())["by_state"]["pending_at"] == 0
+    eid = await submit(client)
+    await submit(client)
+    await client.put(f"/v1/executions/{eid}/pause")
+    by_state = (await (await client.get("/v1/stats")).json())["by_state"]
+    assert by_state == {
+        "pending_at": 1, "locked": 0, "blocked_by_join_set": 0, "paused": 1,
+        "cancelling": 0, "finished": 0,
+    }
+
+
+async def test_changes_long_poll(client: TestClient[Any, Any]) -> None:
+    now = (await (await client.get("/v1/changes", params={"since": "-1"})).json())["generation"]
+    # Nothing written: the poll answers at its timeout with the same generation.
+    r = await client.get("/v1/changes", params={"since": str(now), "timeout": "0.05"})
+    assert (await r.json())["generation"] == now
+    waiting = asyncio.ensure_future(client.get("/v1/changes", params={"since": str(now)}))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await submit(client)
+    r = await asyncio.wait_for(waiting, 10)
+    assert (await r.json())["generation"] > now
+
+
+async def test_deployment_long_poll_answers_after_a_reload(
+    client: TestClient[Any, Any], engine: Engine, tmp_path: Path
+) -> None:
+    first = await (await client.get("/v1/deployment")).json()
+    g = first["reload"]["generation"]
+    r = await client.get("/v1/deployment", params={"after": str(g), "timeout": "0.05"})
+    assert (await r.json())["reload"]["generation"] == g  # timed out: the current one
+    waiting = asyncio.ensure_future(client.get("/v1/deployment", params={"after": str(g)}))
+    await asyncio.sleep(0)
+    (tmp_path / "deployment.toml").write_text("[[activity_stub]]\nffqn = 3\n")
+    r = await asyncio.wait_for(waiting, 20)
+    status = (await r.json())["reload"]
+    assert status["generation"] > g and status["ok"] is False
+    assert "deployment.toml: [[activity_stub]] #1" in status["error"]

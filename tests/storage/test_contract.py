@@ -805,6 +805,58 @@ async def test_list_executions_paging_with_before_id(storage: Storage) -> None:
     assert [r.execution_id for r in page] == [ids[4], ids[3], ids[2]]
 
 
+@pytest.mark.parametrize(
+    ("flt", "expected"),
+    [
+        (ListFilter(offset=1), ["parent", "a2", "a1"]),
+        (ListFilter(offset=1, limit=2), ["parent", "a2"]),
+        (ListFilter(offset=4), []),
+        (ListFilter(order="created_asc"), ["a1", "a2", "parent", "child"]),
+        (ListFilter(order="created_asc", offset=1, limit=1), ["a2"]),
+        # a1 finished at 1.5 < a2 created at 2 < child created at 12 = parent's last write
+        (ListFilter(order="updated_desc", hide_finished=True), ["child", "parent", "a2"]),
+        (ListFilter(order="updated_desc", offset=3), ["a1"]),
+        (ListFilter(states=["pending_at"], offset=1), ["a2"]),
+    ],
+)
+async def test_list_executions_offset_and_order(
+    storage: Storage, flt: ListFilter, expected: list[str]
+) -> None:
+    x = await _list_fixture(storage)
+    rows = await storage.list_executions(flt)
+    assert [r.execution_id for r in rows] == [x[k] for k in expected]
+
+
+@pytest.mark.parametrize(
+    ("flt", "expected"),
+    [
+        (ListFilter(), 4),
+        (ListFilter(limit=1, offset=3, order="updated_desc"), 4),  # paging is ignored
+        (ListFilter(hide_finished=True), 3),
+        (ListFilter(top_level_only=True), 3),
+        (ListFilter(states=["pending_at", "finished"]), 3),
+        (ListFilter(ffqn_prefix="testing:wf/"), 1),
+        (ListFilter(id_prefix="E_ZZZ"), 0),
+    ],
+)
+async def test_count_executions(storage: Storage, flt: ListFilter, expected: int) -> None:
+    await _list_fixture(storage)
+    assert await storage.count_executions(flt) == expected
+
+
+async def test_list_executions_with_extras(storage: Storage) -> None:
+    x = await _list_fixture(storage)
+    plain = await storage.list_executions(ListFilter())
+    assert {(r.children, r.last_event) for r in plain} == {(None, None)}
+    rows = {r.execution_id: r for r in await storage.list_executions(ListFilter(with_extras=True))}
+    assert {k: (rows[v].children, rows[v].last_event) for k, v in x.items()} == {
+        "a1": (0, "finished"),
+        "a2": (0, "created"),
+        "parent": (1, "join_next"),  # the inner type of a history event
+        "child": (0, "created"),
+    }
+
+
 async def test_count_by_state(storage: Storage) -> None:
     assert {k: v for k, v in (await storage.count_by_state()).items() if v} == {}
     await _list_fixture(storage)

@@ -1,0 +1,5 @@
+import sys
+
+from obelisk_tui.cli import main
+
+sys.exit(main())

@@ -1,0 +1,228 @@
+"""`ObeliskApp`: the console. Screens talk to the engine only through `self.backend`.
+
+The app owns the connection (made in `on_mount`, so that an embedded engine runs in the
+app's own event loop), the live refresh (one long-poll on the backend's commit
+generation, throttled, forwarded to the current screen as `DataChanged`), a one-second
+`Tick` for relative times, and reload notifications (toasts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Header, LoadingIndicator, Static
+
+from engine.client import ApiError, ServerUnreachable
+from obelisk_tui.backend import ConsoleBackend
+from obelisk_tui.commands import ExecutionCommands, ScreenCommands
+from obelisk_tui.messages import DataChanged, DeploymentReloaded, Tick
+from obelisk_tui.screens.components import reload_summary
+
+#: At most this many refreshes per second, however fast executions flow.
+MAX_REFRESH_HZ = 2.0
+
+
+class ConnectingScreen(Screen[None]):
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+    def compose(self):  # type: ignore[no-untyped-def]
+        yield Header(show_clock=False)
+        yield Static(f"Starting: {self.what}", id="connecting")
+        yield LoadingIndicator()
+        yield Footer()
+
+
+class ObeliskApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "Obelisk"
+    COMMANDS = App.COMMANDS | {ExecutionCommands, ScreenCommands}
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("s", "submit", "Submit"),
+        Binding("C", "components", "Components"),
+        Binding("space", "freeze", "Freeze"),
+        Binding("r", "refresh", "Refresh", show=False),
+    ]
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[ConsoleBackend]],
+        *,
+        what: str = "",
+        now: Callable[[], datetime] | None = None,
+        live: bool = True,
+        on_connected: Callable[[ObeliskApp], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__()
+        self._connect = connect
+        self._what = what
+        self._on_connected = on_connected
+        self.now = now or (lambda: datetime.now(UTC))
+        #: Whether to follow the engine's changes (tests of fixed data turn it off).
+        self.live = live
+        self.backend: ConsoleBackend = None  # type: ignore[assignment]  # set on mount
+        self.frozen = False
+        self.fatal_error: str | None = None
+        #: Run on exit, before the backend closes (e.g. the demo traffic's stop).
+        self.closers: list[Callable[[], Awaitable[None]]] = []
+        self._refresh_wanted = asyncio.Event()
+        self._last_refresh = 0.0
+
+    # -- start and stop ------------------------------------------------------------------
+    async def on_mount(self) -> None:
+        self.push_screen(ConnectingScreen(self._what))
+        self.start()
+
+    @work(exclusive=True, group="connect")
+    async def start(self) -> None:
+        try:
+            self.backend = await self._connect()
+        except Exception as e:  # a user mistake (bad URL, token, deployment): say it, exit
+            self.fatal_error = str(e) or type(e).__name__
+            self.exit(return_code=1)
+            return
+        self.sub_title = self.backend.label
+        from obelisk_tui.screens.executions import ExecutionsScreen
+
+        await self.switch_screen(ExecutionsScreen())
+        if self.live:
+            self.follow_changes()
+            self.follow_reloads()
+            self.set_interval(1.0, self._tick)
+        if self._on_connected is not None:
+            await self._on_connected(self)
+
+    async def on_unmount(self) -> None:
+        for close in self.closers:
+            await close()
+        if self.backend is not None:
+            await self.backend.close()
+
+    # -- live refresh --------------------------------------------------------------------
+    def request_refresh(self) -> None:
+        """Refresh now (after an action), not waiting for the next change."""
+        self._refresh_wanted.set()
+
+    @work(exclusive=True, group="changes")
+    async def follow_changes(self) -> None:
+        generation = -1
+        while True:
+            waiter = asyncio.ensure_future(self.backend.wait_changed(generation, 10.0))
+            wanted = asyncio.ensure_future(self._refresh_wanted.wait())
+            try:
+                done, _ = await asyncio.wait({waiter, wanted}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wanted.cancel()
+            forced = wanted in done
+            self._refresh_wanted.clear()
+            try:
+                new = await waiter if waiter in done else generation
+            except ApiError as e:
+                self.report_error(e)
+                await asyncio.sleep(1.0)  # the server may be restarting: retry calmly
+                continue
+            finally:
+                if waiter not in done:
+                    waiter.cancel()
+            if (new == generation and not forced) or (self.frozen and not forced):
+                generation = new
+                continue
+            generation = new
+            # Throttle: at most MAX_REFRESH_HZ refreshes; what arrives meanwhile is
+            # picked up by the next one (the generation only grows).
+            pause = self._last_refresh + 1 / MAX_REFRESH_HZ - time.monotonic()
+            if pause > 0 and not forced:
+                await asyncio.sleep(pause)
+            self._last_refresh = time.monotonic()
+            self.screen.post_message(DataChanged())
+
+    def _tick(self) -> None:
+        if not self.frozen:
+            self.screen.post_message(Tick())
+
+    @work(exclusive=True, group="reloads")
+    async def follow_reloads(self) -> None:
+        try:
+            generation = (await self.backend.deployment())["reload"]["generation"]
+        except ApiError as e:
+            self.report_error(e)
+            return
+        while True:
+            try:
+                deployment = await self.backend.wait_reload(generation, 25.0)
+            except ApiError:
+                await asyncio.sleep(2.0)
+                continue
+            reload = deployment["reload"]
+            if reload["generation"] <= generation:
+                continue
+            generation = reload["generation"]
+            ok = bool(reload.get("ok"))
+            self.notify(
+                reload_summary(reload) if ok else str(reload.get("error")),
+                title="hot reload" if ok else "hot reload failed: the previous version stays",
+                severity="information" if ok else "error",
+                timeout=6 if ok else 15,
+            )
+            for screen in self.screen_stack:
+                screen.post_message(DeploymentReloaded(deployment))
+
+    def report_error(self, error: ApiError) -> None:
+        title = "server unreachable" if isinstance(error, ServerUnreachable) else "error"
+        self.notify(error.message, title=title, severity="error", timeout=8)
+
+    # -- navigation and global actions ---------------------------------------------------
+    def open_execution(self, execution_id: str) -> None:
+        from obelisk_tui.screens.detail import ExecutionDetailScreen
+
+        self.push_screen(ExecutionDetailScreen(execution_id))
+
+    def action_executions(self) -> None:
+        from obelisk_tui.screens.executions import ExecutionsScreen
+
+        while len(self.screen_stack) > 1 and not isinstance(self.screen, ExecutionsScreen):
+            self.pop_screen()
+
+    def action_components(self) -> None:
+        from obelisk_tui.screens.components import ComponentsScreen
+
+        if not isinstance(self.screen, ComponentsScreen):
+            self.push_screen(ComponentsScreen())
+
+    def action_submit(self) -> None:
+        from obelisk_tui.screens.submit import SubmitScreen
+
+        def submitted(execution_id: str | None) -> None:
+            if execution_id:
+                self.notify(f"submitted {execution_id}", title="submit")
+                self.open_execution(execution_id)
+
+        self.push_screen(SubmitScreen(), submitted)
+
+    def action_freeze(self) -> None:
+        self.frozen = not self.frozen
+        self.notify("live refresh frozen (space resumes)" if self.frozen else "live refresh resumed", timeout=2)
+        self.request_refresh()
+
+    def action_refresh(self) -> None:
+        self.screen.post_message(DataChanged())
+
+    def action_help(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        needs_backend = action in ("submit", "components", "freeze", "refresh")
+        return not (needs_backend and self.backend is None)

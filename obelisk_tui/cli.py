@@ -1,0 +1,231 @@
+"""`obelisk-tui`: the console, embedded or attached, in a terminal or a browser.
+
+    obelisk-tui --demo                         # the demo deployment, embedded, with traffic
+    obelisk-tui --deployment FILE [--data-dir DIR]
+    obelisk-tui --attach http://127.0.0.1:5005 # a running `obelisk server` (OBELISK_API_TOKEN)
+    obelisk-tui --serve [--demo | --deployment FILE] [--serve-listen 127.0.0.1:8000]
+
+A mistake (bad file, unreachable server, wrong token) is one line on stderr, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+from engine.client import DEFAULT_API_URL
+
+TOKEN_ENV = "OBELISK_API_TOKEN"
+
+
+def repo_root() -> Path:
+    from engine.build_components import REPO_ROOT
+
+    return REPO_ROOT
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="obelisk-tui",
+        description="The Obelisk operator console. Embeds the engine (--deployment, --demo) "
+        "or attaches to a running server (--attach).",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--deployment", type=Path, help="deployment TOML to run embedded")
+    where.add_argument("--demo", action="store_true", help="the demo deployment, with demo traffic")
+    where.add_argument(
+        "--attach", metavar="URL", nargs="?", const=DEFAULT_API_URL,
+        help=f"a running obelisk server (default {DEFAULT_API_URL}); token from {TOKEN_ENV}",
+    )
+    p.add_argument("--data-dir", type=Path, help="embedded: the database and caches "
+                   "(default: data/demo for --demo, ./data otherwise)")
+    p.add_argument("--no-traffic", action="store_true", help="--demo without generated traffic")
+    p.add_argument("--serve", action="store_true",
+                   help="serve the console to browsers (textual-serve), on one shared engine")
+    p.add_argument("--serve-listen", default="127.0.0.1:8000", metavar="HOST:PORT",
+                   help="with --serve: where browsers connect (default 127.0.0.1:8000)")
+    return p
+
+
+def _log_to_file(data_dir: Path) -> Path:
+    """Engine logs go to a file: the terminal belongs to the console."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "console.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    return path
+
+
+def _ensure_demo_built() -> None:
+    """The demo's WASM components are built from source (cached) before the first start."""
+    from engine.build_components import COMPONENTS, ensure_built
+
+    for name in COMPONENTS:
+        ensure_built(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.serve:
+        return _serve(args)
+    from obelisk_tui.app import ObeliskApp
+    from obelisk_tui.backend import ConsoleBackend, EmbeddedBackend, RestBackend
+
+    on_connected = None
+    if args.attach:
+        url = args.attach.rstrip("/")
+        token = os.environ.get(TOKEN_ENV)
+
+        async def connect() -> ConsoleBackend:
+            return await RestBackend.connect(url, token)
+
+        what = f"attaching to {url}"
+    else:
+        if args.demo:
+            deployment = repo_root() / "demo" / "deployment.toml"
+            data_dir = args.data_dir or Path("data/demo")
+            try:
+                _ensure_demo_built()
+            except Exception as e:
+                print(f"error: building the demo components: {e}", file=sys.stderr)
+                return 1
+        else:
+            deployment = args.deployment
+            if deployment is None:
+                print("error: give --deployment FILE, --demo or --attach URL "
+                      "(obelisk-tui --help)", file=sys.stderr)
+                return 2
+            data_dir = args.data_dir or Path("data")
+        log_path = _log_to_file(data_dir)
+
+        async def connect() -> ConsoleBackend:
+            return await EmbeddedBackend.start(deployment, data_dir)
+
+        what = f"the engine on {deployment} (logs: {log_path}); the first start compiles components"
+        if args.demo and not args.no_traffic:
+            on_connected = _start_traffic
+
+    app = ObeliskApp(connect, what=what, on_connected=on_connected)
+    app.run()
+    if app.fatal_error:
+        print(f"error: {app.fatal_error}", file=sys.stderr)
+        return 1
+    return app.return_code or 0
+
+
+async def _start_traffic(app: object) -> None:
+    from obelisk_tui.app import ObeliskApp
+    from obelisk_tui.demo_traffic import DemoTraffic
+
+    assert isinstance(app, ObeliskApp)
+    traffic = DemoTraffic(app.backend)
+    traffic.start()
+    app.closers.append(traffic.stop)
+
+
+# ---------------------------------------------------------------------------------------
+# --serve: one engine (with its API on a loopback port) for every browser; each browser
+# session runs `obelisk-tui --attach` against it.
+# ---------------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from engine.server.run import ListenError, parse_listen
+
+    try:
+        host, port = parse_listen(args.serve_listen)
+    except ListenError as e:
+        print(f"error: --serve-listen: {e}", file=sys.stderr)
+        return 2
+    if args.attach:
+        api_url = args.attach.rstrip("/")
+        return asyncio.run(_serve_web(host, port, api_url, None, None, args))
+    if args.demo:
+        deployment = repo_root() / "demo" / "deployment.toml"
+        data_dir = args.data_dir or Path("data/demo")
+        _ensure_demo_built()
+    elif args.deployment:
+        deployment, data_dir = args.deployment, args.data_dir or Path("data")
+    else:
+        print("error: --serve needs --demo, --deployment FILE or --attach URL", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve_web(host, port, None, deployment, data_dir, args))
+
+
+async def _serve_web(
+    host: str,
+    port: int,
+    api_url: str | None,
+    deployment: Path | None,
+    data_dir: Path | None,
+    args: argparse.Namespace,
+) -> int:
+    from aiohttp import web
+    from textual_serve.server import Server
+
+    from engine.errors import DeploymentError, StorageError
+    from engine.server.run import start_server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine_server = None
+    traffic = None
+    if api_url is None:
+        assert deployment is not None and data_dir is not None
+        token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(32)
+        os.environ[TOKEN_ENV] = token  # the browser sessions' consoles inherit it
+        print(f"Starting the engine: {deployment}…", flush=True)
+        try:
+            engine_server = await start_server(deployment, data_dir, "127.0.0.1", 0, token)
+        except (DeploymentError, StorageError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        api_url = engine_server.url
+        if args.demo and not args.no_traffic:
+            from obelisk_tui.backend import EmbeddedBackend
+            from obelisk_tui.demo_traffic import DemoTraffic
+
+            traffic = DemoTraffic(EmbeddedBackend(engine_server.engine, label="demo", owns_engine=False))
+            traffic.start()
+    command = shlex.join([sys.executable, "-m", "obelisk_tui", "--attach", api_url])
+    server = Server(command, host=host, port=port, title="Obelisk console")
+    runner = web.AppRunner(await server._make_app(), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        print(f"error: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
+        await runner.cleanup()
+        if engine_server is not None:
+            await engine_server.stop()
+        return 1
+    print(f"API of the shared engine: {api_url}", flush=True)
+    print(f"Console in the browser: http://{host}:{port}  (ctrl+c stops)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        if traffic is not None:
+            await traffic.stop()
+        await runner.cleanup()
+        if engine_server is not None:
+            await engine_server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

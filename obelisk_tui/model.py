@@ -1,0 +1,531 @@
+"""Pure helpers of the console: state names and colours, what applies to an execution,
+readable one-line summaries of events, times. No Textual, no I/O (unit-tested alone)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from engine.client import EventEntry, ExecutionInfo, ParamInfo, ResponseEntry
+from engine.storage.contract import LIST_ORDERS, ListFilter, ListOrder
+
+# ---------------------------------------------------------------------------------------
+# States
+# ---------------------------------------------------------------------------------------
+
+STATE_NAMES = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished")
+
+#: Display name of each state (the seeds' names).
+STATE_TITLES: dict[str, str] = {
+    "pending_at": "PendingAt",
+    "locked": "Locked",
+    "blocked_by_join_set": "BlockedByJoinSet",
+    "paused": "Paused",
+    "cancelling": "Cancelling",
+    "finished": "Finished",
+}
+
+#: Short names for dense tables.
+STATE_SHORT: dict[str, str] = {
+    "pending_at": "pending",
+    "locked": "locked",
+    "blocked_by_join_set": "blocked",
+    "paused": "paused",
+    "cancelling": "cancelling",
+    "finished": "finished",
+}
+
+#: Colours that read on dark and light backgrounds.
+STATE_COLOURS: dict[str, str] = {
+    "pending_at": "#d7a94b",
+    "locked": "#4f9fe8",
+    "blocked_by_join_set": "#b07fe0",
+    "paused": "#e08a3c",
+    "cancelling": "#e0606a",
+    "finished": "#5fb86a",
+    "err": "#e0606a",
+    "failed": "#c94f4f",
+}
+
+
+def state_name(state: dict[str, Any]) -> str:
+    return str(state.get("type", "?"))
+
+
+def underlying(state: dict[str, Any]) -> dict[str, Any]:
+    """The state below the Paused / Cancelling overlays."""
+    while state.get("type") in ("paused", "cancelling") and isinstance(
+        state.get("underlying"), dict
+    ):
+        state = state["underlying"]
+    return state
+
+
+def overlays(state: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    while state.get("type") in ("paused", "cancelling"):
+        out.append(str(state["type"]))
+        inner = state.get("underlying")
+        if not isinstance(inner, dict):
+            break
+        state = inner
+    return out
+
+
+def result_kind(result: dict[str, Any] | None) -> str | None:
+    """"ok", "err", "execution_failure:<kind>" or None when unfinished."""
+    if result is None:
+        return None
+    if "ok" in result:
+        return "ok"
+    if "err" in result:
+        return "err"
+    failure = result.get("execution_failure") or {}
+    return f"execution_failure:{failure.get('kind', '?')}"
+
+
+def state_label(info: ExecutionInfo) -> tuple[str, str]:
+    """A short label and its colour: "pending", "paused·blocked", "finished ok", …"""
+    state = info["state"]
+    name = state_name(state)
+    if name == "finished":
+        kind = result_kind(info.get("result")) or "?"
+        if kind == "ok":
+            return "finished ok", STATE_COLOURS["finished"]
+        if kind == "err":
+            return "finished err", STATE_COLOURS["err"]
+        return f"failed {kind.split(':', 1)[1]}", STATE_COLOURS["failed"]
+    layers = overlays(state)
+    base = STATE_SHORT.get(state_name(underlying(state)), "?")
+    if layers:
+        return "·".join([*layers, base]), STATE_COLOURS[layers[0]]
+    return base, STATE_COLOURS.get(name, "white")
+
+
+# ---------------------------------------------------------------------------------------
+# What applies (SPEC §4.3, §8)
+# ---------------------------------------------------------------------------------------
+
+
+def is_workflow(info: ExecutionInfo) -> bool:
+    return info["component_type"].startswith("workflow")
+
+
+def is_cancellable(info: ExecutionInfo) -> bool:
+    return not is_workflow(info) or info["ffqn"].endswith("-cancellable")
+
+
+def refusal(action: str, info: ExecutionInfo) -> str | None:
+    """Why `action` (pause, unpause, cancel) does not apply to the execution, or None."""
+    state = info["state"]
+    name = state_name(state)
+    eid = info["execution_id"]
+    if name == "finished":
+        return f"{eid} is finished"
+    layers = overlays(state)
+    if action == "pause":
+        if "cancelling" in layers:
+            return f"{eid} is being cancelled"
+        if "paused" in layers:
+            return f"{eid} is already paused"
+        if state_name(underlying(state)) == "locked" and not is_workflow(info):
+            return f"cannot pause {eid}: a running activity cannot be paused (cancel it instead)"
+        return None
+    if action == "unpause":
+        return None if "paused" in layers else f"{eid} is not paused"
+    if action == "cancel":
+        if "cancelling" in layers:
+            return f"{eid} is already being cancelled"
+        if not is_cancellable(info):
+            return f"{eid} is not cancellable: only activities and -cancellable workflows are"
+        return None
+    return f"unknown action {action}"
+
+
+# ---------------------------------------------------------------------------------------
+# Times
+# ---------------------------------------------------------------------------------------
+
+
+def parse_ts(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+
+
+def span(seconds: float) -> str:
+    """A compact duration: 850ms, 12s, 5m, 3h, 2d."""
+    s = abs(seconds)
+    if s < 1:
+        return f"{int(s * 1000)}ms"
+    if s < 60:
+        return f"{s:.0f}s" if s >= 10 else f"{s:.1f}s"
+    if s < 3600:
+        return f"{s // 60:.0f}m"
+    if s < 86400:
+        return f"{s // 3600:.0f}h"
+    return f"{s // 86400:.0f}d"
+
+
+def relative(at: datetime | None, now: datetime) -> str:
+    """"in 2.0s" / "5m ago" / "" for None."""
+    if at is None:
+        return ""
+    delta = (at - now).total_seconds()
+    return f"in {span(delta)}" if delta > 0 else f"{span(delta)} ago"
+
+
+def clock_time(at: datetime | None) -> str:
+    return "" if at is None else at.strftime("%H:%M:%S.%f")[:-3]
+
+
+# ---------------------------------------------------------------------------------------
+# Events
+# ---------------------------------------------------------------------------------------
+
+
+def _short_json(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _schedule_at(value: dict[str, Any] | None) -> str:
+    if not value:
+        return "now"
+    kind = value.get("type")
+    if kind == "now":
+        return "now"
+    if kind == "at":
+        return f"at {value.get('at')}"
+    if kind == "in":
+        return f"in {span(float(value.get('milliseconds', 0)) / 1000)}"
+    return _short_json(value)
+
+
+def normal_result(result: dict[str, Any]) -> dict[str, Any]:
+    """A result in the API's shape (`{"ok": v}`, …) from either that or the log's
+    tagged shape (`{"type": "ok", "value": v}`)."""
+    kind = result.get("type")
+    if kind in ("ok", "err"):
+        return {kind: result.get("value")}
+    if kind == "execution_failure":
+        return {"execution_failure": {k: v for k, v in result.items() if k != "type"}}
+    return result
+
+
+def result_summary(result: dict[str, Any] | None) -> str:
+    if result is None:
+        return ""
+    result = normal_result(result)
+    if "ok" in result:
+        return f"ok {_short_json(result['ok'])}"
+    if "err" in result:
+        return f"err {_short_json(result['err'])}"
+    f = result.get("execution_failure") or {}
+    detail = f": {f['reason']}" if f.get("reason") else ""
+    return f"execution failure {f.get('kind', '?')}{detail}"
+
+
+def event_name(event: dict[str, Any]) -> str:
+    """The event's type, the inner type for history events ("join_next")."""
+    if event.get("type") == "history_event" and isinstance(event.get("event"), dict):
+        return str(event["event"].get("type"))
+    return str(event.get("type"))
+
+
+def event_summary(event: dict[str, Any]) -> str:
+    """A readable one-liner of an event (the name is shown beside it)."""
+    kind = event.get("type")
+    if kind == "created":
+        params = _short_json(event.get("params", []), 50)
+        parent = event.get("parent")
+        via = f", child of {parent[0]} in {parent[1]}" if parent else ""
+        return f"{event.get('ffqn')} {params}{via}"
+    if kind == "locked":
+        retry = event.get("retry_config") or {}
+        retries = retry.get("max_retries")
+        return (
+            f"by {event.get('executor_id')} run {event.get('run_id')} until "
+            f"{clock_time(parse_ts(event.get('lock_expires_at')))}"
+            + (f", max retries {retries}" if retries is not None else "")
+        )
+    if kind == "unlocked":
+        at = clock_time(parse_ts(event.get("backoff_expires_at")))
+        return f"{event.get('reason')}, pending at {at}"
+    if kind == "temporarily_failed":
+        detail = f" {event['detail']}" if event.get("detail") else ""
+        return (
+            f"{event.get('reason')}{detail}; retry at "
+            f"{clock_time(parse_ts(event.get('backoff_expires_at')))}"
+        )
+    if kind == "temporarily_timed_out":
+        return f"retry at {clock_time(parse_ts(event.get('backoff_expires_at')))}"
+    if kind == "finished":
+        return result_summary(event.get("result"))
+    if kind == "component_upgrade_finished":
+        outcome = event.get("outcome") or {}
+        reason = f": {outcome['reason']}" if outcome.get("reason") else ""
+        return f"{outcome.get('type')} → {str(event.get('component_digest', ''))[:19]}{reason}"
+    if kind in ("paused", "unpaused", "cancellation_requested"):
+        return ""
+    if kind == "history_event":
+        return _history_summary(event.get("event") or {})
+    return _short_json(event)
+
+
+def _history_summary(h: dict[str, Any]) -> str:
+    kind = h.get("type")
+    js = h.get("join_set_id", "")
+    if kind == "join_set_create":
+        return str(js)
+    if kind == "join_set_request":
+        req = h.get("request") or {}
+        if req.get("type") == "child_execution_request":
+            params = _short_json(req.get("params", []), 40)
+            return f"{js} → {req.get('child_execution_id')} {req.get('target_ffqn')}{params}"
+        return f"{js} → {req.get('delay_id')} until {clock_time(parse_ts(req.get('expires_at')))}"
+    if kind == "join_next":
+        wanted = f" for {h['requested_ffqn']}" if h.get("requested_ffqn") else ""
+        closing = " (closing)" if h.get("closing") else ""
+        return f"{js}{wanted}{closing}"
+    if kind == "join_next_try":
+        return f"{js}: {h.get('outcome')}"
+    if kind == "join_next_too_many":
+        return f"{js} for {h.get('requested_ffqn')}"
+    if kind == "persist":
+        k = h.get("kind") or {}
+        return f"{k.get('type')} = {_short_json(h.get('value'))}"
+    if kind == "schedule":
+        when = _schedule_at(h.get("schedule_at"))
+        return f"{h.get('execution_id')} {h.get('target_ffqn')} {when}"
+    if kind == "stub":
+        return f"{h.get('target_execution_id')}: {h.get('outcome', '')}"
+    return _short_json(h)
+
+
+def response_summary(entry: ResponseEntry) -> str:
+    r = entry["response"]
+    if r.get("type") == "child_execution_finished":
+        return f"{r.get('child_execution_id')} finished: {result_summary(r.get('result'))}"
+    outcome = "cancelled" if r.get("outcome") == "cancelled" else "expired"
+    return f"{r.get('delay_id')} {outcome}"
+
+
+def child_requests(events: list[EventEntry]) -> list[tuple[int, dict[str, Any]]]:
+    """(version, request) of every child or delay requested in a log, in order."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    for e in events:
+        ev = e["event"]
+        if ev.get("type") == "history_event":
+            h = ev.get("event") or {}
+            if h.get("type") == "join_set_request":
+                request = {**(h.get("request") or {}), "join_set_id": h.get("join_set_id")}
+                out.append((e["version"], request))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The list's filter and order
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ExecutionQuery:
+    """What the executions list shows: filters and order (the page is separate)."""
+
+    ffqn_prefix: str | None = None
+    id_prefix: str | None = None
+    states: tuple[str, ...] = ()
+    top_level_only: bool = False
+    order: ListOrder = "created_desc"
+
+    def to_filter(
+        self, offset: int = 0, limit: int = 100, *, extras: bool = False
+    ) -> ListFilter:
+        return ListFilter(
+            ffqn_prefix=self.ffqn_prefix,
+            id_prefix=self.id_prefix,
+            states=self.states or None,
+            top_level_only=self.top_level_only,
+            order=self.order,
+            offset=offset,
+            limit=limit,
+            with_extras=extras,
+        )
+
+    def to_query(self) -> list[tuple[str, str]]:
+        """The REST query string of the filters."""
+        q: list[tuple[str, str]] = [("order", self.order)]
+        if self.ffqn_prefix:
+            q.append(("ffqn", self.ffqn_prefix))
+        if self.id_prefix:
+            q.append(("id_prefix", self.id_prefix))
+        q += [("state", s) for s in self.states]
+        if self.top_level_only:
+            q.append(("top_level_only", "true"))
+        return q
+
+    @property
+    def is_filtered(self) -> bool:
+        return bool(self.ffqn_prefix or self.id_prefix or self.states or self.top_level_only)
+
+
+
+#: Accepted spellings of states in a filter.
+STATE_ALIASES: dict[str, str] = {
+    **{name: name for name in STATE_NAMES},
+    **{short: name for name, short in STATE_SHORT.items()},
+    "pending": "pending_at",
+    "blocked": "blocked_by_join_set",
+    "running": "locked",
+    "done": "finished",
+}
+
+ORDER_TITLES: dict[str, str] = {
+    "created_desc": "newest first",
+    "created_asc": "oldest first",
+    "updated_desc": "last change first",
+}
+
+
+def parse_filter(text: str, order: ListOrder = "created_desc") -> ExecutionQuery:
+    """`state:locked,paused ffqn:myapp:demo/ id:E_01 top`, or bare words: an `E_…` word
+    is an id prefix, any other an FFQN prefix. ValueError names what is wrong."""
+    ffqn: str | None = None
+    id_prefix: str | None = None
+    states: list[str] = []
+    top = False
+    for word in text.split():
+        key, sep, value = word.partition(":")
+        key = key.lower()
+        if sep and key in ("state", "states", "s"):
+            for name in filter(None, value.split(",")):
+                if name.lower() not in STATE_ALIASES:
+                    known = ", ".join(STATE_SHORT.values())
+                    raise ValueError(f"unknown state {name!r} (one of: {known})")
+                states.append(STATE_ALIASES[name.lower()])
+            if not value:
+                raise ValueError("`state:` needs a state, e.g. state:locked,paused")
+        elif sep and key in ("ffqn", "f"):
+            ffqn = value or None
+        elif sep and key in ("id", "i"):
+            id_prefix = value or None
+        elif word.lower() in ("top", "top-level", "toplevel"):
+            top = True
+        elif word.startswith(("E_", "e_")):
+            id_prefix = "E_" + word[2:]
+        else:
+            ffqn = word
+    return ExecutionQuery(
+        ffqn_prefix=ffqn,
+        id_prefix=id_prefix,
+        states=tuple(dict.fromkeys(states)),
+        top_level_only=top,
+        order=order,
+    )
+
+
+def format_filter(query: ExecutionQuery) -> str:
+    """The filter text that `parse_filter` turns back into `query` (order aside)."""
+    words: list[str] = []
+    if query.states:
+        words.append("state:" + ",".join(STATE_SHORT[s] for s in query.states))
+    if query.ffqn_prefix:
+        words.append(f"ffqn:{query.ffqn_prefix}")
+    if query.id_prefix:
+        words.append(f"id:{query.id_prefix}")
+    if query.top_level_only:
+        words.append("top")
+    return " ".join(words)
+
+
+def next_order(query: ExecutionQuery) -> ExecutionQuery:
+    i = LIST_ORDERS.index(query.order)
+    return replace(query, order=LIST_ORDERS[(i + 1) % len(LIST_ORDERS)])
+
+
+# ---------------------------------------------------------------------------------------
+# Submitting: a params template and the check of the params, from the WIT type strings
+# ---------------------------------------------------------------------------------------
+
+
+def template_value(type_text: str) -> Any:
+    """A placeholder JSON value of a WIT type (the submit form's starting point)."""
+    from engine.wit.types import (
+        WitEnum,
+        WitFlags,
+        WitList,
+        WitOption,
+        WitPrimitive,
+        WitRecord,
+        WitResult,
+        WitTuple,
+        WitType,
+        WitVariant,
+        parse_wit_type,
+    )
+
+    def value(t: WitType) -> Any:
+        match t:
+            case WitPrimitive(name=name):
+                if name == "bool":
+                    return False
+                if name in ("f32", "f64"):
+                    return 0.0
+                if name == "char":
+                    return "a"
+                if name == "string":
+                    return ""
+                return 0
+            case WitList():
+                return []
+            case WitOption():
+                return None
+            case WitResult(ok=ok):
+                return {"ok": None if ok is None else value(ok)}
+            case WitTuple(elements=es):
+                return [value(e) for e in es]
+            case WitRecord(fields=fields):
+                return {n.replace("-", "_"): value(ft) for n, ft in fields}
+            case WitVariant(cases=cases):
+                case_name, payload = cases[0]
+                return case_name if payload is None else {case_name: value(payload)}
+            case WitEnum(cases=cases):
+                return cases[0]
+            case WitFlags():
+                return []
+        return None
+
+    try:
+        return value(parse_wit_type(type_text))
+    except ValueError:
+        return None
+
+
+def params_template(params: list[ParamInfo]) -> str:
+    return json.dumps([template_value(p["type"]) for p in params], ensure_ascii=False)
+
+
+def check_params(ffqn: str, params: list[ParamInfo], text: str) -> tuple[list[Any] | None, str | None]:
+    """The params parsed from the form's JSON text, or the error to show beside it."""
+    from engine.wit.codec import WitValueError, validate_json
+    from engine.wit.types import parse_wit_type
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, f"not JSON: {e.msg} at line {e.lineno}, column {e.colno}"
+    if not isinstance(value, list):
+        return None, "params must be a JSON array, in declared order"
+    if len(value) != len(params):
+        expected = ", ".join(f"{p['name']}: {p['type']}" for p in params) or "none"
+        return None, f"{ffqn} takes {len(params)} parameter(s) ({expected}), got {len(value)}"
+    for i, (p, v) in enumerate(zip(params, value, strict=True)):
+        try:
+            validate_json(v, parse_wit_type(p["type"]), f"params[{i}] ({p['name']})")
+        except WitValueError as e:
+            return None, str(e)
+        except ValueError:
+            continue  # a type the console cannot parse: the engine will check it
+    return value, None

@@ -1,0 +1,56 @@
+"""Pause / unpause / cancel of one execution or many, shared by the screens."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.client import ApiError, ExecutionInfo
+from obelisk_tui import model
+
+if TYPE_CHECKING:
+    from obelisk_tui.app import ObeliskApp
+
+VERBS = {"pause": "paused", "unpause": "unpaused", "cancel": "cancellation requested for"}
+
+
+def applicable(action: str, targets: list[ExecutionInfo]) -> bool:
+    return any(model.refusal(action, t) is None for t in targets)
+
+
+def explain(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> None:
+    """Say why an action that the footer shows disabled does not apply."""
+    if not targets:
+        app.notify(f"nothing selected to {action}", severity="warning")
+        return
+    reasons = [r for r in (model.refusal(action, t) for t in targets) if r]
+    app.notify(reasons[0] if len(reasons) == 1 else f"cannot {action}: {reasons[0]} (+{len(reasons) - 1} more)",
+               title=f"cannot {action}", severity="warning")
+
+
+async def perform(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> int:
+    """Run `action` on every target it applies to; report the outcome. Returns how many
+    succeeded."""
+    done: list[str] = []
+    failed: list[str] = []
+    skipped = 0
+    for info in targets:
+        if model.refusal(action, info) is not None:
+            skipped += 1
+            continue
+        eid = info["execution_id"]
+        try:
+            await getattr(app.backend, action)(eid)
+            done.append(eid)
+        except ApiError as e:
+            failed.append(f"{eid}: {e.message}")
+    parts = []
+    if done:
+        parts.append(f"{VERBS[action]} {done[0]}" if len(done) == 1 else f"{VERBS[action]} {len(done)} executions")
+    if skipped:
+        parts.append(f"{skipped} skipped (not applicable)")
+    if failed:
+        app.notify("\n".join([*parts, *failed[:5]]), title=f"{action} failed", severity="error", timeout=8)
+    elif parts:
+        app.notify("; ".join(parts), title=action)
+    app.request_refresh()
+    return len(done)

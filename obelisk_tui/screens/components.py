@@ -1,0 +1,139 @@
+"""Every deployed component, and the outcome of the last hot reload."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+
+from engine.client import ApiError, ComponentInfo, DeploymentInfo
+from obelisk_tui import model
+from obelisk_tui.messages import DeploymentReloaded
+
+if TYPE_CHECKING:
+    from obelisk_tui.app import ObeliskApp
+
+
+def reload_summary(reload: dict[str, Any]) -> str:
+    """One line: "reloaded 14:02:03 (watch): 1 changed, 2 upgrades (1 failed)"."""
+    at = model.clock_time(model.parse_ts(reload.get("at")))
+    trigger = reload.get("trigger")
+    if trigger == "start":
+        return f"started {at}"
+    if not reload.get("ok"):
+        first = str(reload.get("error") or "").splitlines()[0:1]
+        return f"reload FAILED {at} ({trigger}): {first[0] if first else ''} — the previous version stays"
+    changes = reload.get("changes") or []
+    upgrades = reload.get("upgrades") or []
+    failed = sum(1 for u in upgrades if u.get("outcome") == "failed")
+    text = f"reloaded {at} ({trigger}): {len(changes)} component change(s)"
+    if upgrades:
+        text += f", {len(upgrades)} workflow upgrade(s)" + (f", {failed} failed (kept on the old version)" if failed else "")
+    return text
+
+
+def render_reload(reload: dict[str, Any]) -> RenderableType:
+    ok = bool(reload.get("ok"))
+    parts: list[RenderableType] = [
+        Text(reload_summary(reload), style="bold " + ("#5fb86a" if ok else "#e0606a"))
+    ]
+    if not ok and reload.get("error"):
+        parts.append(Text(str(reload["error"]), style="#e0606a"))
+    if reload.get("changes"):
+        table = Table("change", "component", "digest", box=None, padding=(0, 1))
+        for c in reload["changes"]:
+            table.add_row(str(c.get("change", "")), str(c.get("name", "")), str(c.get("new_digest") or c.get("old_digest") or "")[:23])
+        parts.append(table)
+    if reload.get("upgrades"):
+        table = Table("execution", "outcome", "reason", box=None, padding=(0, 1))
+        for u in reload["upgrades"]:
+            colour = "#5fb86a" if u.get("outcome") == "success" else "#e0606a"
+            table.add_row(str(u.get("execution_id")), Text(str(u.get("outcome")), colour), str(u.get("reason") or ""))
+        parts.append(Text("workflow upgrades", style="bold"))
+        parts.append(table)
+    if reload.get("pinned"):
+        parts.append(Text(f"{len(reload['pinned'])} old version(s) kept for executions pinned to them", style="dim"))
+    return Group(*parts)
+
+
+def render_component(c: ComponentInfo) -> RenderableType:
+    head = Text()
+    head.append(c["name"], "bold")
+    head.append(f"  {c['type']}  {c['digest']}\n", "dim")
+    head.append(f"file: {c['location'] or '—'}\n", "dim")
+    table = Table("exported function", "params", "returns", box=None, padding=(0, 1))
+    for f in c["exports"]:
+        params = ", ".join(f"{p['name']}: {p['type']}" for p in f["params"])
+        table.add_row(f["ffqn"], params, f["return_type"] or "")
+    return Group(head, table)
+
+
+class ComponentsScreen(Screen[None]):
+    BINDINGS = [Binding("escape", "back", "Back")]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deployment: DeploymentInfo | None = None
+
+    @property
+    def obelisk(self) -> ObeliskApp:
+        return cast("ObeliskApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield Static(id="reload-status")
+        table: DataTable[str] = DataTable(id="components", cursor_type="row", zebra_stripes=True)
+        yield table
+        with VerticalScroll(id="component-detail-box"):
+            yield Static(id="component-detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("name", "type", "exports", "digest", "file")
+        self.load()
+
+    def on_deployment_reloaded(self, message: DeploymentReloaded) -> None:
+        self.show(message.deployment)
+
+    @work(exclusive=True)
+    async def load(self) -> None:
+        try:
+            self.show(await self.obelisk.backend.deployment())
+        except ApiError as e:
+            self.obelisk.report_error(e)
+
+    def show(self, deployment: DeploymentInfo) -> None:
+        self.deployment = deployment
+        self.query_one("#reload-status", Static).update(render_reload(deployment["reload"]))
+        table = self.query_one(DataTable)
+        row = table.cursor_row
+        table.clear()
+        for c in deployment["components"]:
+            table.add_row(
+                c["name"], c["type"], str(len(c["exports"])), c["digest"][:19] + "…",
+                c["location"] or "", key=c["name"],
+            )
+        if deployment["components"]:
+            table.move_cursor(row=min(row, len(deployment["components"]) - 1))
+            self._detail(table.cursor_row)
+
+    @on(DataTable.RowHighlighted)
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._detail(event.cursor_row)
+
+    def _detail(self, index: int) -> None:
+        if self.deployment is None or not 0 <= index < len(self.deployment["components"]):
+            return
+        self.query_one("#component-detail", Static).update(render_component(self.deployment["components"][index]))
+
+    def action_back(self) -> None:
+        self.app.pop_screen()

@@ -1,0 +1,278 @@
+"""One execution: state machine (with time travel), events with backtraces, children,
+logs and result, live."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from rich.console import Group, RenderableType
+from rich.pretty import Pretty
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static, TabbedContent, TabPane, Tree
+
+from engine.client import (
+    ApiError,
+    BacktraceInfo,
+    ComponentSourceInfo,
+    EventEntry,
+    ExecutionInfo,
+    ResponseEntry,
+)
+from obelisk_tui import model, timeline
+from obelisk_tui.messages import DataChanged, Tick
+from obelisk_tui.screens import actions
+from obelisk_tui.screens.confirm import ConfirmScreen
+from obelisk_tui.widgets.children_tree import ChildrenTree
+from obelisk_tui.widgets.event_log import EventLog
+from obelisk_tui.widgets.log_view import LogView
+from obelisk_tui.widgets.source_view import SourceView
+from obelisk_tui.widgets.state_view import StateView
+
+if TYPE_CHECKING:
+    from obelisk_tui.app import ObeliskApp
+
+TABS = ("state", "events", "children", "logs", "result")
+
+
+def render_result(info: ExecutionInfo) -> RenderableType:
+    result = info.get("result")
+    if result is None:
+        label, colour = model.state_label(info)
+        return Text.assemble(("not finished yet: ", "dim"), (label, colour))
+    kind = model.result_kind(result)
+    if kind == "ok":
+        title = Text("ok", style="bold " + model.STATE_COLOURS["finished"])
+        return Group(title, Pretty(result["ok"], expand_all=True))
+    if kind == "err":
+        title = Text("err", style="bold " + model.STATE_COLOURS["err"])
+        return Group(title, Pretty(result["err"], expand_all=True))
+    failure = result.get("execution_failure") or {}
+    parts: list[RenderableType] = [
+        Text(f"execution failure: {failure.get('kind')}", style="bold " + model.STATE_COLOURS["failed"]),
+    ]
+    if failure.get("reason"):
+        parts.append(Text(f"reason: {failure['reason']}"))
+    if failure.get("detail"):
+        parts.append(Text("detail:", style="bold"))
+        parts.append(Text(str(failure["detail"])))
+    return Group(*parts)
+
+
+class ExecutionDetailScreen(Screen[None]):
+    BINDINGS = [
+        Binding("escape,backspace", "back", "Back"),
+        Binding("left_square_bracket", "travel(-1)", "◀ version"),
+        Binding("right_square_bracket", "travel(1)", "version ▶"),
+        Binding("P", "parent", "Parent"),
+        Binding("p", "act('pause')", "Pause"),
+        Binding("p", "explain('pause')", show=False),
+        Binding("u", "act('unpause')", "Unpause"),
+        Binding("u", "explain('unpause')", show=False),
+        Binding("c", "act('cancel')", "Cancel"),
+        Binding("c", "explain('cancel')", show=False),
+        *[Binding(str(i + 1), f"tab('{t}')", t.title(), show=False) for i, t in enumerate(TABS)],
+    ]
+
+    def __init__(self, execution_id: str) -> None:
+        super().__init__()
+        self.execution_id = execution_id
+        self.info: ExecutionInfo | None = None
+        self.events: list[EventEntry] = []
+        self.responses: list[ResponseEntry] = []
+        self.steps: list[timeline.Step] = []
+        #: The version the diagram shows; None: the latest (live).
+        self.travel: int | None = None
+        self._sources: dict[str, ComponentSourceInfo | None] = {}
+        self._backtraces: dict[int, BacktraceInfo | None] = {}
+
+    @property
+    def obelisk(self) -> ObeliskApp:
+        return cast("ObeliskApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield Static(id="detail-title")
+        with TabbedContent(id="tabs", initial="state"):
+            with TabPane("1 State", id="state"), VerticalScroll():
+                yield StateView(id="state-view")
+            with TabPane("2 Events", id="events"):
+                yield EventLog(id="event-log")
+                yield SourceView(id="source")
+            with TabPane("3 Children", id="children"):
+                yield ChildrenTree(id="children-tree")
+            with TabPane("4 Logs", id="logs"):
+                yield LogView(id="log-view")
+            with TabPane("5 Result", id="result"), VerticalScroll():
+                yield Static(id="result-view")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#detail-title", Static).update(Text(f" {self.execution_id}", "bold"))
+        self.load()
+
+    def on_data_changed(self, _: DataChanged) -> None:
+        self.load()
+
+    def on_tick(self, _: Tick) -> None:
+        pass
+
+    @property
+    def active_tab(self) -> str:
+        return self.query_one(TabbedContent).active or "state"
+
+    @on(TabbedContent.TabActivated)
+    def _tab(self, _: TabbedContent.TabActivated) -> None:
+        self.load()
+        if self.active_tab == "events":
+            self.query_one(EventLog).focus()
+        elif self.active_tab == "children":
+            self.query_one(ChildrenTree).focus()
+        elif self.active_tab == "logs":
+            self.query_one(LogView).focus()
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    # -- data ----------------------------------------------------------------------------
+    @work(exclusive=True, group="detail")
+    async def load(self) -> None:
+        backend = self.obelisk.backend
+        eid = self.execution_id
+        try:
+            info = await backend.status(eid)
+            if info["next_version"] != len(self.events) or info != self.info:
+                if info["next_version"] > len(self.events):
+                    self.events += await backend.events(eid, len(self.events))
+                self.responses = await backend.responses(eid)
+                self.steps = timeline.steps(self.events, self.responses)
+            self.info = info
+            tab = self.active_tab
+            if tab == "children":
+                descendants = await backend.descendants(eid)
+                self.query_one(ChildrenTree).show(eid, descendants, self.events, self.responses)
+            elif tab == "logs":
+                view = self.query_one(LogView)
+                view.extend(await backend.logs(eid, view.last_id))
+        except ApiError as e:
+            if e.status == 404:
+                self.query_one("#detail-title", Static).update(Text(f" {e.message}", "bold red"))
+                return
+            self.obelisk.report_error(e)
+            return
+        self._show()
+
+    def _show(self) -> None:
+        info = self.info
+        if info is None:
+            return
+        label, colour = model.state_label(info)
+        title = Text()
+        title.append(f" {info['execution_id']}", "bold")
+        title.append(f"  {info['ffqn']}  ")
+        title.append(f" {label} ", f"bold black on {colour}")
+        if info["parent_id"]:
+            title.append(f"   parent {info['parent_id']} (P)", "dim")
+        self.query_one("#detail-title", Static).update(title)
+        self.query_one(EventLog).set_events(self.events)
+        self._show_state()
+        self.query_one("#result-view", Static).update(render_result(info))
+        self.refresh_bindings()
+
+    def _step(self) -> timeline.Step | None:
+        if not self.steps:
+            return None
+        if self.travel is None:
+            return self.steps[-1]
+        return self.steps[min(self.travel, len(self.steps) - 1)]
+
+    def _show_state(self) -> None:
+        if self.info is not None:
+            self.query_one(StateView).show(self.info, self.events, self._step(), self.travel is None)
+
+    # -- time travel and backtraces ------------------------------------------------------
+    def action_travel(self, delta: int) -> None:
+        if not self.steps:
+            return
+        last = len(self.steps) - 1
+        current = last if self.travel is None else self.travel
+        target = max(0, min(last, current + delta))
+        self.travel = None if target == last else target
+        self.query_one(EventLog).move_cursor(target)
+        self._show_state()
+
+    @on(EventLog.CursorMoved)
+    def _event_selected(self, event: EventLog.CursorMoved) -> None:
+        log = self.query_one(EventLog)
+        if not log.events:
+            return
+        index = event.index
+        self.travel = None if index >= len(self.steps) - 1 else index
+        self._show_state()
+        entry = log.events[index] if index < len(log.events) else None
+        if entry is None or entry.get("backtrace_id") is None:
+            self.query_one(SourceView).show_backtrace(None, None)
+        else:
+            self.show_backtrace(entry["version"])
+
+    @work(exclusive=True, group="backtrace")
+    async def show_backtrace(self, version: int) -> None:
+        backend = self.obelisk.backend
+        try:
+            if version not in self._backtraces:
+                self._backtraces[version] = await backend.backtrace(self.execution_id, version)
+            bt = self._backtraces[version]
+            source = None
+            if bt is not None:
+                digest = bt["component_digest"]
+                if digest not in self._sources:
+                    self._sources[digest] = await backend.component_source(digest)
+                source = self._sources[digest]
+        except ApiError as e:
+            self.obelisk.report_error(e)
+            return
+        self.query_one(SourceView).show_backtrace(bt, source)
+
+    # -- navigation ----------------------------------------------------------------------
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_parent(self) -> None:
+        if self.info is None or not self.info["parent_id"]:
+            self.notify(f"{self.execution_id} is a top-level execution", severity="warning")
+            return
+        self.obelisk.open_execution(self.info["parent_id"])
+
+    @on(Tree.NodeSelected)
+    def _child_selected(self, event: Tree.NodeSelected[str]) -> None:
+        data = event.node.data
+        if isinstance(data, str) and data.startswith("E_"):
+            self.obelisk.open_execution(data)
+
+    # -- actions -------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "act":
+            if self.info is None:
+                return None
+            return True if actions.applicable(str(parameters[0]), [self.info]) else None
+        if action == "parent":
+            return True if self.info is not None and self.info["parent_id"] else None
+        return True
+
+    def action_explain(self, action: str) -> None:
+        actions.explain(self.obelisk, action, [self.info] if self.info else [])
+
+    @work(group="actions")
+    async def action_act(self, action: str) -> None:
+        if self.info is None:
+            return
+        if action == "cancel" and not await self.app.push_screen_wait(
+            ConfirmScreen(f"Cancel {self.execution_id}?")
+        ):
+            return
+        await actions.perform(self.obelisk, action, [self.info])
+

@@ -1,0 +1,197 @@
+"""The home screen: every execution, live, with filters, order, marks and actions."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import TYPE_CHECKING, cast
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Static
+
+from engine.client import ApiError
+from obelisk_tui import model
+from obelisk_tui.messages import DataChanged, Tick
+from obelisk_tui.model import ExecutionQuery
+from obelisk_tui.screens import actions
+from obelisk_tui.screens.confirm import ConfirmScreen
+from obelisk_tui.widgets.execution_list import ExecutionList
+from obelisk_tui.widgets.state_counts import StateCounts
+
+if TYPE_CHECKING:
+    from obelisk_tui.app import ObeliskApp
+
+
+class ExecutionsScreen(Screen[None]):
+    BINDINGS = [
+        Binding("slash", "filter", "Filter"),
+        Binding("o", "order", "Order"),
+        Binding("t", "top_level", "Top-level", show=False),
+        Binding("p", "act('pause')", "Pause"),
+        Binding("p", "explain('pause')", show=False),
+        Binding("u", "act('unpause')", "Unpause"),
+        Binding("u", "explain('unpause')", show=False),
+        Binding("c", "act('cancel')", "Cancel"),
+        Binding("c", "explain('cancel')", show=False),
+        Binding("m", "mark", "Mark"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query_state = ExecutionQuery()
+        self._loading = False
+
+    @property
+    def obelisk(self) -> ObeliskApp:
+        return cast("ObeliskApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield StateCounts(id="counts")
+        yield Static(id="list-title")
+        yield Input(
+            placeholder="filter: state:locked,paused  ffqn:myapp:demo/  id:E_01…  top   (enter: apply, esc: clear)",
+            id="filter",
+        )
+        yield ExecutionList(now=self.obelisk.now, id="executions")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#filter", Input).display = False
+        self.query_one(ExecutionList).focus()
+        self._update_title()
+        self.load()
+
+    # -- data ----------------------------------------------------------------------------
+    def on_data_changed(self, _: DataChanged) -> None:
+        self.load()
+
+    def on_tick(self, _: Tick) -> None:
+        self.query_one(ExecutionList).refresh()  # relative times
+
+    def on_screen_resume(self) -> None:
+        self.load()
+
+    @work(exclusive=True, group="list")
+    async def load(self, offset: int | None = None, limit: int | None = None) -> None:
+        """Counts, the list's total and the window around what is visible."""
+        lst = self.query_one(ExecutionList)
+        if offset is None or limit is None:
+            offset, limit = lst.window()
+        backend = self.obelisk.backend
+        try:
+            counts, total, rows = await asyncio.gather(
+                backend.counts_by_state(),
+                backend.count_executions(self.query_state),
+                backend.list_executions(self.query_state, offset, limit),
+            )
+        except ApiError as e:
+            self.obelisk.report_error(e)
+            return
+        self.query_one(StateCounts).show(counts, frozen=self.obelisk.frozen)
+        lst.show_window(total, offset, rows)
+        self._update_title(total)
+        self.refresh_bindings()
+
+    def _update_title(self, total: int | None = None) -> None:
+        q = self.query_state
+        text = f" {'' if total is None else f'{total:,} '}executions · {model.ORDER_TITLES[q.order]}"
+        if q.is_filtered:
+            text += f" · filter: {model.format_filter(q)}"
+        lst = self.query_one(ExecutionList)
+        if lst.marked:
+            text += f" · {len(lst.marked)} marked"
+        self.query_one("#list-title", Static).update(text)
+
+    @on(ExecutionList.WindowWanted)
+    def _window_wanted(self, event: ExecutionList.WindowWanted) -> None:
+        self.load(event.first, event.limit)
+
+    @on(ExecutionList.Activated)
+    def _open(self, event: ExecutionList.Activated) -> None:
+        info = self.query_one(ExecutionList).row(event.index)
+        if info is not None:
+            self.obelisk.open_execution(info["execution_id"])
+
+    @on(ExecutionList.CursorMoved)
+    def _moved(self, _: ExecutionList.CursorMoved) -> None:
+        self.refresh_bindings()
+
+    @on(ExecutionList.MarksChanged)
+    def _marks(self, _: ExecutionList.MarksChanged) -> None:
+        self._update_title(self.query_one(ExecutionList).total)
+        self.refresh_bindings()
+
+    # -- filter and order ----------------------------------------------------------------
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.value = model.format_filter(self.query_state)
+        box.focus()
+
+    @on(Input.Submitted, "#filter")
+    def _apply_filter(self, event: Input.Submitted) -> None:
+        try:
+            query = model.parse_filter(event.value, self.query_state.order)
+        except ValueError as e:
+            self.notify(str(e), title="filter", severity="error")
+            return
+        self._set_query(query)
+        event.input.display = False
+        self.query_one(ExecutionList).focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.display:
+            box.display = False
+            self.query_one(ExecutionList).focus()
+            return
+        if self.query_state.is_filtered:
+            self._set_query(ExecutionQuery(order=self.query_state.order))
+
+    def action_order(self) -> None:
+        self._set_query(model.next_order(self.query_state))
+        self.notify(f"order: {model.ORDER_TITLES[self.query_state.order]}", timeout=2)
+
+    def action_top_level(self) -> None:
+        q = self.query_state
+        self._set_query(replace(q, top_level_only=not q.top_level_only))
+
+    def _set_query(self, query: ExecutionQuery) -> None:
+        self.query_state = query
+        lst = self.query_one(ExecutionList)
+        lst.scroll_to(y=0, animate=False)
+        lst.set_reactive(ExecutionList.cursor, 0)
+        self._update_title()
+        self.load(0, lst.window()[1])
+
+    # -- actions -------------------------------------------------------------------------
+    def action_mark(self) -> None:
+        self.query_one(ExecutionList).action_toggle_mark()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "act":
+            if not self.is_mounted:
+                return True
+            targets = self.query_one(ExecutionList).targets()
+            return True if actions.applicable(str(parameters[0]), targets) else None
+        return True
+
+    def action_explain(self, action: str) -> None:
+        actions.explain(self.obelisk, action, self.query_one(ExecutionList).targets())
+
+    @work(group="actions")
+    async def action_act(self, action: str) -> None:
+        lst = self.query_one(ExecutionList)
+        targets = lst.targets()
+        if action == "cancel":
+            what = targets[0]["execution_id"] if len(targets) == 1 else f"{len(targets)} executions"
+            if not await self.app.push_screen_wait(ConfirmScreen(f"Cancel {what}?")):
+                return
+        await actions.perform(self.obelisk, action, targets)
+        if lst.marked:
+            lst.action_clear_marks()

@@ -1,0 +1,166 @@
+"""Submit an execution: pick an exported function, edit its params as JSON (checked
+against the WIT types as you type), then open the new execution."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
+from textual.widgets.option_list import Option
+
+from engine.client import ApiError, FunctionExport
+from obelisk_tui import model
+
+if TYPE_CHECKING:
+    from obelisk_tui.app import ObeliskApp
+
+
+def signature(fn: FunctionExport) -> Text:
+    text = Text()
+    text.append(fn["ffqn"], "bold")
+    text.append("(")
+    for i, p in enumerate(fn["params"]):
+        if i:
+            text.append(", ")
+        text.append(p["name"], "#8abeb7")
+        text.append(": ")
+        text.append(p["type"], "#b5bd68")
+    text.append(")")
+    if fn["return_type"]:
+        text.append(" -> ")
+        text.append(fn["return_type"], "#b5bd68")
+    return text
+
+
+class SubmitScreen(ModalScreen[str | None]):
+    """Dismissed with the new execution's id, or None."""
+
+    BINDINGS = [
+        Binding("escape", "dismiss_none", "Close"),
+        Binding("ctrl+s", "submit", "Submit"),
+    ]
+
+    def __init__(self, preselect: str | None = None) -> None:
+        super().__init__()
+        self.functions: list[FunctionExport] = []
+        self.preselect = preselect
+        self.chosen: FunctionExport | None = None
+
+    @property
+    def obelisk(self) -> ObeliskApp:
+        return cast("ObeliskApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="submit"):
+            yield Label("Submit an execution", id="submit-title")
+            with Horizontal():
+                with Vertical(id="submit-functions"):
+                    yield Input(placeholder="type to filter functions", id="function-filter")
+                    yield OptionList(id="function-list")
+                with Vertical(id="submit-form"):
+                    yield Static("pick a function", id="signature")
+                    yield Label("params (a JSON array, in declared order):")
+                    yield TextArea("[]", language="json", id="params")
+                    yield Static(id="params-error")
+                    with Horizontal(id="submit-buttons"):
+                        yield Button("Submit (ctrl+s)", variant="primary", id="do-submit")
+                        yield Button("Close (esc)", id="close")
+
+    def on_mount(self) -> None:
+        self.load()
+
+    @work
+    async def load(self) -> None:
+        try:
+            deployment = await self.obelisk.backend.deployment()
+        except ApiError as e:
+            self.obelisk.report_error(e)
+            return
+        self.functions = sorted(
+            (f for c in deployment["components"] for f in c["exports"]), key=lambda f: f["ffqn"]
+        )
+        self._fill("")
+        if self.preselect:
+            self._choose(self.preselect)
+        self.query_one("#function-filter", Input).focus()
+
+    def _fill(self, needle: str) -> None:
+        options = self.query_one(OptionList)
+        options.clear_options()
+        for f in self.functions:
+            if needle.lower() in f["ffqn"].lower():
+                options.add_option(Option(f["ffqn"], id=f["ffqn"]))
+        if options.option_count:
+            options.highlighted = 0
+
+    @on(Input.Changed, "#function-filter")
+    def _filter(self, event: Input.Changed) -> None:
+        self._fill(event.value)
+
+    @on(Input.Submitted, "#function-filter")
+    def _filter_done(self) -> None:
+        options = self.query_one(OptionList)
+        if options.highlighted is not None:
+            option = options.get_option_at_index(options.highlighted)
+            self._choose(str(option.id))
+            self.query_one(TextArea).focus()
+
+    @on(OptionList.OptionHighlighted)
+    @on(OptionList.OptionSelected)
+    def _option(self, event: OptionList.OptionHighlighted | OptionList.OptionSelected) -> None:
+        self._choose(str(event.option.id))
+        if isinstance(event, OptionList.OptionSelected):
+            self.query_one(TextArea).focus()
+
+    def _choose(self, ffqn: str) -> None:
+        fn = next((f for f in self.functions if f["ffqn"] == ffqn), None)
+        if fn is None or fn is self.chosen:
+            return
+        self.chosen = fn
+        self.query_one("#signature", Static).update(signature(fn))
+        self.query_one(TextArea).text = model.params_template(fn["params"])
+        self._check()
+
+    @on(TextArea.Changed)
+    def _edited(self) -> None:
+        self._check()
+
+    def _check(self) -> list[object] | None:
+        error_box = self.query_one("#params-error", Static)
+        if self.chosen is None:
+            error_box.update(Text("pick a function first", "#e0606a"))
+            return None
+        params, error = model.check_params(
+            self.chosen["ffqn"], self.chosen["params"], self.query_one(TextArea).text
+        )
+        if error:
+            error_box.update(Text("✗ " + error, "#e0606a"))
+            return None
+        error_box.update(Text("✓ params match the types", "#5fb86a"))
+        return params
+
+    @on(Button.Pressed, "#do-submit")
+    def _pressed(self) -> None:
+        self.action_submit()
+
+    @on(Button.Pressed, "#close")
+    def action_dismiss_none(self) -> None:
+        self.dismiss(None)
+
+    @work(exclusive=True, group="submit")
+    async def action_submit(self) -> None:
+        params = self._check()
+        if params is None or self.chosen is None:
+            return
+        try:
+            eid = await self.obelisk.backend.submit(self.chosen["ffqn"], list(params))
+        except ApiError as e:
+            self.query_one("#params-error", Static).update(Text("✗ " + e.message, "#e0606a"))
+            return
+        self.dismiss(eid)

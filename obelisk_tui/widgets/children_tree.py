@@ -1,0 +1,83 @@
+"""`ChildrenTree`: child executions (nested) and delays of an execution, with states."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Tree
+
+from engine.client import EventEntry, ExecutionInfo, ResponseEntry
+from obelisk_tui import model
+
+
+def child_label(info: ExecutionInfo) -> Text:
+    label, colour = model.state_label(info)
+    text = Text(no_wrap=True)
+    text.append(f"{label:<16} ", colour)
+    eid = info["execution_id"]
+    parent = info["parent_id"] or ""
+    text.append(eid[len(parent) :] if parent and eid.startswith(parent) else eid, "bold")
+    text.append(f"  {info['ffqn']}", "")
+    if info.get("children"):
+        text.append(f"  ({info['children']} children)", "dim")
+    return text
+
+
+def delays_of(events: list[EventEntry], responses: list[ResponseEntry]) -> list[tuple[str, str, str]]:
+    """(delay id, expires at, outcome) of every delay the log requested."""
+    outcomes: dict[str, str] = {}
+    for r in responses:
+        resp = r["response"]
+        if resp.get("type") == "delay_finished":
+            outcomes[str(resp.get("delay_id"))] = "cancelled" if resp.get("outcome") == "cancelled" else "expired"
+    out = []
+    for _, req in model.child_requests(events):
+        if req.get("type") == "delay_request":
+            delay = str(req.get("delay_id"))
+            out.append((delay, str(req.get("expires_at")), outcomes.get(delay, "waiting")))
+    return out
+
+
+class ChildrenTree(Tree[str]):
+    """Node data: an execution id (or a delay id, which opens nothing)."""
+
+    DEFAULT_CSS = """
+    ChildrenTree { height: 1fr; }
+    """
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__("children", id=id)
+        self.show_root = False
+        self.guide_depth = 3
+        self._shown: object = None
+
+    def show(
+        self,
+        root_id: str,
+        descendants: list[ExecutionInfo],
+        events: list[EventEntry],
+        responses: list[ResponseEntry],
+    ) -> None:
+        delays = delays_of(events, responses)
+        key = ([(d["execution_id"], d["state"], d.get("children")) for d in descendants], delays)
+        if key == self._shown:  # unchanged: keep the cursor and what is expanded
+            return
+        self._shown = key
+        cursor = self.cursor_node.data if self.cursor_node is not None else None
+        self.clear()
+        nodes = {root_id: self.root}
+        for info in descendants:  # oldest first: parents come before their children
+            parent = nodes.get(info["parent_id"] or "", self.root)
+            node = parent.add(child_label(info), data=info["execution_id"], expand=True)
+            nodes[info["execution_id"]] = node
+        for delay, expires, outcome in delays:
+            colour = {"waiting": model.STATE_COLOURS["pending_at"], "cancelled": "#e0606a"}.get(outcome, "dim")
+            label = Text(no_wrap=True)
+            label.append(f"{'delay ' + outcome:<16} ", colour)
+            label.append(delay, "bold")
+            label.append(f"  until {expires}", "dim")
+            self.root.add_leaf(label, data=delay)
+        if not descendants and not delays:
+            self.root.add_leaf(Text("no children or delays", "dim"))
+        self.root.expand()
+        if cursor is not None and cursor in nodes:
+            self.move_cursor(nodes[cursor])

@@ -1,0 +1,65 @@
+"""`EventLog`: one row per version of an execution's log (line API: long logs are cheap)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from engine.client import EventEntry
+from obelisk_tui import model
+from obelisk_tui.widgets.row_list import RowList
+
+#: Colour of each event name.
+EVENT_COLOURS: dict[str, str] = {
+    "created": "#8abeb7",
+    "locked": model.STATE_COLOURS["locked"],
+    "unlocked": model.STATE_COLOURS["pending_at"],
+    "temporarily_failed": "#e0606a",
+    "temporarily_timed_out": "#e0606a",
+    "finished": model.STATE_COLOURS["finished"],
+    "paused": model.STATE_COLOURS["paused"],
+    "unpaused": model.STATE_COLOURS["paused"],
+    "cancellation_requested": model.STATE_COLOURS["cancelling"],
+    "join_next": model.STATE_COLOURS["blocked_by_join_set"],
+    "join_set_request": "#b5bd68",
+}
+
+
+class EventLog(RowList):
+    DEFAULT_CSS = """
+    EventLog { height: 1fr; }
+    """
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.events: list[EventEntry] = []
+
+    def set_events(self, events: list[EventEntry]) -> None:
+        follow = self.cursor == len(self.events) - 1 or not self.events
+        self.events = events
+        self.rows_changed()
+        if follow and events:
+            self.move_cursor(len(events) - 1)
+
+    def row_count(self) -> int:
+        return len(self.events)
+
+    def render_header(self, width: int) -> Text:
+        return Text(f"{'VER':>4}  {'TIME (UTC)':<12}  {'EVENT':<24}  DETAIL     ◆ = backtrace")
+
+    def render_row(self, index: int, width: int) -> Text | None:
+        entry = self.events[index]
+        event = entry["event"]
+        name = model.event_name(event)
+        finished = name == "finished"
+        colour = EVENT_COLOURS.get(name, "")
+        if finished:
+            kind = model.result_kind(model.normal_result(event.get("result") or {}))
+            colour = model.STATE_COLOURS["finished" if kind == "ok" else "err"]
+        text = Text(no_wrap=True)
+        text.append(f"{entry['version']:>4}  ", "dim")
+        text.append(f"{model.clock_time(model.parse_ts(entry['created_at'])):<12}  ", "dim")
+        marker = "◆" if entry.get("backtrace_id") is not None else " "
+        text.append(marker, "#f0c674")
+        text.append(f"{name:<23}  ", colour)
+        text.append(model.event_summary(event))
+        return text

@@ -1,0 +1,218 @@
+"""`ExecutionList`: the live list of executions (home screen), virtual and paged.
+
+It never fetches anything: it shows a window of rows that its screen loads
+(`show_window`) and asks for another window with `WindowWanted` when the user scrolls
+past what is loaded. Rows keep their place on refresh; the cursor stays on the same
+execution when newer ones arrive above it (unless it sits at the very top, following).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
+
+from engine.client import ExecutionInfo
+from obelisk_tui import model
+from obelisk_tui.widgets.row_list import RowList
+
+#: Rows loaded around the visible ones, so that scrolling a little needs no fetch.
+MARGIN = 100
+
+#: (title, width); the FFQN column takes what is left.
+COLUMNS: list[tuple[str, int]] = [
+    (" ", 1),
+    ("EXECUTION", 34),
+    ("FFQN", 0),
+    ("STATE", 20),
+    ("WHEN", 10),
+    ("AGE", 5),
+    ("EV", 4),
+    ("CH", 4),
+    ("LAST EVENT", 18),
+]
+
+#: Columns dropped first when the terminal is narrow (by title).
+DROP_ORDER = ["CH", "EV", "LAST EVENT", "WHEN", "AGE"]
+
+
+def layout(width: int) -> list[tuple[str, int]]:
+    """The columns that fit in `width`, with the FFQN column's width filled in."""
+    cols = list(COLUMNS)
+    for title in DROP_ORDER:
+        fixed = sum(w + 1 for _, w in cols)
+        if width - fixed >= 24:
+            break
+        cols = [c for c in cols if c[0] != title]
+    fixed = sum(w + 1 for t, w in cols if t != "FFQN")
+    return [(t, w if t != "FFQN" else max(12, width - fixed - 1)) for t, w in cols]
+
+
+def short_id(execution_id: str, width: int) -> str:
+    """Ids longer than the column keep their start and their (child) end."""
+    if len(execution_id) <= width:
+        return execution_id
+    head = width // 2
+    return execution_id[:head] + "…" + execution_id[-(width - head - 1) :]
+
+
+class ExecutionList(RowList):
+    BINDINGS = [
+        Binding("m", "toggle_mark", "Mark", show=False),
+        Binding("M", "clear_marks", "Unmark all", show=False),
+    ]
+
+    class WindowWanted(Message):
+        """Load rows [offset, offset + limit) of the list, please."""
+
+        def __init__(self, offset: int, limit: int) -> None:
+            super().__init__()
+            self.first = offset
+            self.limit = limit
+
+    class MarksChanged(Message):
+        def __init__(self, marked: frozenset[str]) -> None:
+            super().__init__()
+            self.marked = marked
+
+    def __init__(
+        self,
+        *,
+        now: Callable[[], datetime] | None = None,
+        id: str | None = None,
+    ) -> None:
+        super().__init__(id=id)
+        self.total = 0
+        self.start = 0
+        self.rows: list[ExecutionInfo] = []
+        self.marked: set[str] = set()
+        self.now = now or (lambda: datetime.now(UTC))
+        self._wanted: tuple[int, int] | None = None
+
+    # -- data in -------------------------------------------------------------------------
+    def show_window(self, total: int, offset: int, rows: list[ExecutionInfo]) -> None:
+        """Rows [offset, offset + len(rows)) of a list of `total` rows."""
+        selected = self.selected
+        at_top = self.cursor == 0 and self.first_visible == 0
+        self.total, self.start, self.rows = total, offset, rows
+        self._wanted = None
+        self.rows_changed()
+        if selected is not None and not at_top:
+            index = self.index_of(selected["execution_id"])
+            if index is not None and index != self.cursor:
+                delta = index - self.cursor
+                self.scroll_to(y=self.scroll_y + delta, animate=False)
+                self.set_reactive(ExecutionList.cursor, index)
+                self.refresh()
+        self.post_message(self.CursorMoved(self, self.cursor))
+        self._want_visible()
+
+    def index_of(self, execution_id: str) -> int | None:
+        for i, row in enumerate(self.rows):
+            if row["execution_id"] == execution_id:
+                return self.start + i
+        return None
+
+    def row(self, index: int) -> ExecutionInfo | None:
+        i = index - self.start
+        return self.rows[i] if 0 <= i < len(self.rows) else None
+
+    @property
+    def selected(self) -> ExecutionInfo | None:
+        return self.row(self.cursor) if self.total else None
+
+    def targets(self) -> list[ExecutionInfo]:
+        """What an action applies to: the marked rows that are loaded, else the cursor's."""
+        if self.marked:
+            return [r for r in self.rows if r["execution_id"] in self.marked]
+        selected = self.selected
+        return [] if selected is None else [selected]
+
+    def window(self) -> tuple[int, int]:
+        """The window worth loading for what is visible now."""
+        first = max(0, self.first_visible - MARGIN)
+        return first, self.page_rows + 2 * MARGIN
+
+    # -- scrolling asks for rows ---------------------------------------------------------
+    def watch_scroll_y(self, old: float, new: float) -> None:
+        super().watch_scroll_y(old, new)
+        self._want_visible()
+
+    def on_resize(self) -> None:
+        self._want_visible()
+
+    def _want_visible(self) -> None:
+        visible = self.visible_range()
+        loaded = range(self.start, self.start + len(self.rows))
+        if not visible or (visible.start in loaded and visible.stop - 1 in loaded):
+            return
+        wanted = self.window()
+        if wanted != self._wanted:
+            self._wanted = wanted
+            self.post_message(self.WindowWanted(*wanted))
+
+    # -- marks ---------------------------------------------------------------------------
+    def action_toggle_mark(self) -> None:
+        selected = self.selected
+        if selected is None:
+            return
+        eid = selected["execution_id"]
+        self.marked.symmetric_difference_update({eid})
+        self.refresh_line_of(self.cursor)
+        self.post_message(self.MarksChanged(frozenset(self.marked)))
+        self.action_cursor_down()
+
+    def action_clear_marks(self) -> None:
+        self.marked.clear()
+        self.refresh()
+        self.post_message(self.MarksChanged(frozenset()))
+
+    # -- rendering -----------------------------------------------------------------------
+    def row_count(self) -> int:
+        return self.total
+
+    def render_header(self, width: int) -> Text:
+        text = Text()
+        for title, w in layout(width):
+            text.append(title.ljust(w)[:w] + " ")
+        return text
+
+    def render_row(self, index: int, width: int) -> Text | None:
+        info = self.row(index)
+        if info is None:
+            return None
+        return render_execution(info, layout(width), self.now(), info["execution_id"] in self.marked)
+
+
+def render_execution(
+    info: ExecutionInfo, cols: list[tuple[str, int]], now: datetime, marked: bool
+) -> Text:
+    label, colour = model.state_label(info)
+    state = info["state"]
+    under = model.state_name(model.underlying(state))
+    when_at = info.get("lock_expires_at") if under in ("locked", "blocked_by_join_set") else None
+    when_at = when_at or (info.get("scheduled_at") if under == "pending_at" else None)
+    created = model.parse_ts(info["created_at"])
+    cells: dict[str, tuple[str, str]] = {
+        " ": ("●" if marked else " ", "bold #f0c674"),
+        "EXECUTION": (info["execution_id"], "" if info["parent_id"] is None else "dim"),
+        "FFQN": (info["ffqn"], ""),
+        "STATE": (label, colour),
+        "WHEN": (model.relative(model.parse_ts(when_at), now), "dim"),
+        "AGE": (model.span((now - created).total_seconds()) if created else "", "dim"),
+        "EV": (str(info["next_version"]), "dim"),
+        "CH": (str(info.get("children", "")) if info.get("children") else "", "dim"),
+        "LAST EVENT": (info.get("last_event") or "", ""),
+    }
+    text = Text(no_wrap=True)
+    for title, w in cols:
+        value, style = cells[title]
+        if title == "EXECUTION":
+            value = short_id(value, w)
+        value = value if len(value) <= w else value[: max(0, w - 1)] + "…"
+        text.append(value.ljust(w), style)
+        text.append(" ")
+    return text

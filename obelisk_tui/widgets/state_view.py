@@ -1,0 +1,95 @@
+"""`StateView`: the state-machine diagram at a version, and the execution's metadata."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from engine.client import EventEntry, ExecutionInfo
+from obelisk_tui import diagram, model
+from obelisk_tui.timeline import Step
+
+
+def metadata(info: ExecutionInfo, events: list[EventEntry]) -> Table:
+    """Params, parent, component, retries, lock holder and times, as a two-column grid."""
+    created: dict[str, Any] = events[0]["event"] if events else {}
+    locks = [e["event"] for e in events if e["event"].get("type") == "locked"]
+    last_lock = locks[-1] if locks else None
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold #8abeb7", no_wrap=True)
+    table.add_column()
+    table.add_row("execution", info["execution_id"])
+    table.add_row("function", f"{info['ffqn']}  ({info['component_type']})")
+    params = json.dumps(created.get("params", []), ensure_ascii=False)
+    table.add_row("params", params if len(params) < 400 else params[:399] + "…")
+    table.add_row("parent", info["parent_id"] or "— (top-level)")
+    if created.get("scheduled_by"):
+        table.add_row("scheduled by", str(created["scheduled_by"]))
+    component = created.get("component_id") or {}
+    if component:
+        table.add_row("component", f"{component.get('name')}  {component.get('digest')}")
+    table.add_row("created", str(info["created_at"]))
+    table.add_row("updated", str(info["updated_at"]))
+    if info.get("scheduled_at"):
+        table.add_row("pending at", str(info["scheduled_at"]))
+    under = model.state_name(model.underlying(info["state"]))
+    if last_lock is not None and under in ("locked", "blocked_by_join_set"):
+        table.add_row(
+            "lock",
+            f"{last_lock.get('executor_id')} / {last_lock.get('run_id')} "
+            f"until {info.get('lock_expires_at')}",
+        )
+    retry = (last_lock or {}).get("retry_config") or {}
+    failures = info["temporary_event_count"]
+    if "max_retries" in retry:
+        limit = retry["max_retries"]
+        left = "∞ (retried forever)" if limit is None else str(max(0, limit - failures))
+        table.add_row(
+            "retries",
+            f"{failures} temporary failure(s), {left} left, backoff {retry.get('retry_exp_backoff_ms')} ms",
+        )
+    elif failures:
+        table.add_row("retries", f"{failures} temporary failure(s)")
+    table.add_row("events", str(info["next_version"]))
+    return table
+
+
+def render_state(info: ExecutionInfo, events: list[EventEntry], step: Step | None, live: bool) -> RenderableType:
+    head = Text()
+    label, colour = model.state_label(info)
+    if step is None:
+        under = model.state_name(model.underlying(info["state"]))
+        overlays = model.overlays(info["state"])
+        kind = model.result_kind(info.get("result"))
+        edge = None
+        head.append(" now ", "bold black on #5fb86a")
+    else:
+        under, overlays, kind, edge = step.underlying, list(step.overlays), step.result_kind, step.edge
+        total = max(0, info["next_version"] - 1)
+        if live:
+            head.append(" live ", "bold black on #5fb86a")
+        else:
+            head.append(" time travel ", "bold black on #f0c674")
+        head.append(f"  at version {step.version} of {total}", "bold")
+        head.append("   [ ] step through versions", "dim")
+    head.append("   state now: ", "dim")
+    head.append(label, f"bold {colour}")
+    finished_as = None
+    if kind is not None:
+        finished_as = kind.replace("execution_failure:", "failure ")
+    lines = diagram.draw(under, list(overlays), edge, finished_as)
+    return Group(head, Text(), *lines, Text(), metadata(info, events))
+
+
+class StateView(Static):
+    DEFAULT_CSS = """
+    StateView { height: auto; padding: 0 1; }
+    """
+
+    def show(self, info: ExecutionInfo, events: list[EventEntry], step: Step | None, live: bool) -> None:
+        self.update(render_state(info, events, step, live))
