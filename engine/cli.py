@@ -208,7 +208,12 @@ def cmd_server_run(args: argparse.Namespace) -> int:
     from engine.server.run import run_server
 
     return run_server(
-        args.deployment, args.data_dir, args.api_listen, args.allow_unauthenticated_api
+        args.deployment,
+        args.data_dir,
+        args.api_listen,
+        args.allow_unauthenticated_api,
+        database_url=args.database_url,
+        config=args.config,
     )
 
 
@@ -438,6 +443,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="API address (default 127.0.0.1:5005)")
     run.add_argument("--allow-unauthenticated-api", action="store_true",
                      help=f"no bearer token (otherwise {TOKEN_ENV} or a generated one)")
+    run.add_argument("--database-url", metavar="URL",
+                     help="PostgreSQL shared by several servers: postgresql://user:password@"
+                          "host:port/dbname[?schema=NAME] (env OBELISK_DATABASE_URL; "
+                          "default: SQLite in the data dir)")
+    run.add_argument("--config", metavar="FILE",
+                     help="server config TOML ([database.postgres] host, port, user, "
+                          "password or password_env, dbname, schema)")
     run.set_defaults(handler=cmd_server_run)
 
     # execution

@@ -70,8 +70,13 @@ class Engine:
         run_executors: bool = True,
         run_watcher: bool = True,
         watch: bool = True,
+        database_url: str | None = None,
     ) -> Engine:
         """Load the deployment, open the database, start executors and the watcher.
+
+        The database is SQLite in `data_dir` unless `database_url` names a PostgreSQL
+        database (`postgresql://user:password@host:port/dbname[?schema=NAME]`), which
+        several engines on several hosts may share (`engine.storage.postgres`).
 
         With `watch`, the deployment TOML and its component files are watched and
         reloaded on change (`engine.reload`). Raises DeploymentError / StorageError with
@@ -83,7 +88,13 @@ class Engine:
         deployment = load_deployment(deployment_path)
         wasm_engine = WasmEngine()
         registry = await load_registry(deployment, wasm_engine, data / "cache")
-        storage = await SqliteStorage.open(data / "obelisk.sqlite")
+        storage: Storage
+        if database_url:
+            from engine.storage.postgres import PostgresStorage
+
+            storage = await PostgresStorage.open(database_url)
+        else:
+            storage = await SqliteStorage.open(data / "obelisk.sqlite")
         try:
             # Kept by digest: backtraces show their lines even after the file changed.
             from engine.workflow.backtraces import save_component_sources, source_saver

@@ -125,6 +125,8 @@ class BaseExecutor:
         return self.component.config.name
 
     def start(self) -> None:
+        # Which process holds a lock, when several share one database (SPEC §6).
+        log.info("executor %s started: %s", self.name, self.executor_id)
         self._task = asyncio.create_task(self._loop(), name=f"executor {self.name}")
 
     async def _loop(self) -> None:

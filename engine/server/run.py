@@ -27,6 +27,7 @@ from engine.engine import Engine
 from engine.errors import DeploymentError, StorageError
 from engine.gc_tuning import tune_gc
 from engine.server.api import make_app
+from engine.server.config import ConfigError, DatabaseChoice, choose_database
 
 log = logging.getLogger("obelisk.server")
 
@@ -93,13 +94,14 @@ async def start_server(
     host: str,
     port: int,
     token: str | None,
+    database_url: str | None = None,
 ) -> RunningServer:
     """Start the engine, then the API on host:port (port 0: any free port).
 
     Raises DeploymentError / StorageError from the engine, OSError when the address
     cannot be bound (the engine is stopped again then).
     """
-    engine = await Engine.start(deployment, data_dir)
+    engine = await Engine.start(deployment, data_dir, database_url=database_url)
     runner = web.AppRunner(make_app(engine, token), handler_cancellation=True, access_log=None)
     try:
         await runner.setup()
@@ -131,12 +133,18 @@ def _print_components(server: RunningServer, out: TextIO) -> None:
 
 
 async def _serve(
-    deployment: Path, data_dir: Path, host: str, port: int, token: str | None, out: TextIO
+    deployment: Path,
+    data_dir: Path,
+    host: str,
+    port: int,
+    token: str | None,
+    out: TextIO,
+    database: DatabaseChoice,
 ) -> int:
     print(f"Starting the engine: {deployment} (the first start compiles components)…",
           file=out, flush=True)
     try:
-        server = await start_server(deployment, data_dir, host, port, token)
+        server = await start_server(deployment, data_dir, host, port, token, database.url)
     except (DeploymentError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -154,6 +162,7 @@ async def _serve(
     try:
         _print_components(server, out)
         print(f"Data directory: {data_dir}", file=out)
+        print(f"Database: {database.describe(data_dir)}", file=out)
         print(f"API listening on {server.url}", file=out, flush=True)
         await stop.wait()
         print("Shutting down…", file=out, flush=True)
@@ -172,12 +181,19 @@ def run_server(
     listen: str = DEFAULT_LISTEN,
     allow_unauthenticated: bool = False,
     *,
+    database_url: str | None = None,
+    config: str | os.PathLike[str] | None = None,
     environ: dict[str, str] | None = None,
     out: TextIO | None = None,
 ) -> int:
     """Run until SIGINT/SIGTERM; returns the process exit code."""
     out = out or sys.stdout
     env = os.environ if environ is None else environ
+    try:
+        database = choose_database(database_url, env, config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         host, port = parse_listen(listen)
     except ListenError as e:
@@ -204,7 +220,9 @@ def run_server(
     out.flush()
     try:
         tune_gc()  # this process is the server's: fewer collector passes
-        return asyncio.run(_serve(Path(deployment), Path(data_dir), host, port, token, out))
+        return asyncio.run(
+            _serve(Path(deployment), Path(data_dir), host, port, token, out, database)
+        )
     except KeyboardInterrupt:  # a signal before the handlers were installed
         print("interrupted during start-up", file=sys.stderr)
         return 130

@@ -126,6 +126,18 @@ class Notifier:
         changed, self._cancelling = self._cancelling, set()
         return changed
 
+    # -- after missed notifications ---------------------------------------------
+    def wake_all(self) -> None:
+        """Wake every executor and workflow waiting, to re-check the database (a backend
+        whose cross-process notifications may have been lost)."""
+        for waiters in list(self._pending_waiters.values()):
+            for event in waiters:
+                event.set()
+        for responses in list(self._response_waiters.values()):
+            for event in responses:
+                event.set()
+        self._cancelling_changed.set()
+
     # -- generic change feed ---------------------------------------------------
     @property
     def generation(self) -> int:

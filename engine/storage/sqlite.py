@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,15 +30,28 @@ import msgspec
 from engine.core import events as ev
 from engine.core.ids import DelayId, ExecutionId
 from engine.core.state import (
-    BlockedByJoinSet,
     ExecutionSummary,
     IllegalAppend,
-    Locked,
     PendingAt,
     apply_event,
     apply_response,
     created_summary,
-    state_name,
+)
+from engine.storage.common import (
+    Notes,
+    PreparedBacktrace,
+    cancel_events,
+    check_unpause,
+    dt,
+    event_type,
+    execution_row,
+    frames_decoder,
+    not_before,
+    pause_events,
+    prepare_backtraces,
+    projection,
+    summary_decoder,
+    us,
 )
 from engine.storage.contract import (
     AppendExtras,
@@ -52,7 +64,6 @@ from engine.storage.contract import (
     ExpiredLock,
     ListFilter,
     LockedExecution,
-    NotCancellable,
     NotFound,
     StorageError,
     StoredLog,
@@ -158,77 +169,16 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
-_summary_decoder = msgspec.json.Decoder(ExecutionSummary)
+_summary_decoder = summary_decoder
 _created_decoder = msgspec.json.Decoder(ev.Event)
-_frames_decoder = msgspec.json.Decoder(list[Frame])
-_frames_encoder = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True, slots=True)
-class _PreparedBacktrace:
-    """A backtrace ready for the writer: `at` is an index into the appended events (append)
-    or a version (replace_backtraces)."""
-
-    at: int
-    key: bytes
-    component_digest: str
-    frames: bytes
-
-
-def _prepare_backtraces(
-    component_digest: str | None, backtraces: Sequence[tuple[int, list[Frame]]]
-) -> list[_PreparedBacktrace]:
-    """Encode and hash on the caller's side (the writer thread only runs SQL). Empty
-    stacks are left out; the same frames list object is encoded once."""
-    if not backtraces:
-        return []
-    digest = component_digest or ""
-    encoded: dict[int, tuple[bytes, bytes]] = {}
-    out: list[_PreparedBacktrace] = []
-    for at, frames in backtraces:
-        if not frames:
-            continue
-        pair = encoded.get(id(frames))
-        if pair is None:
-            blob = _frames_encoder.encode(frames)
-            key = hashlib.sha256(digest.encode() + b"\0" + blob).digest()
-            pair = encoded[id(frames)] = (key, blob)
-        out.append(_PreparedBacktrace(at, pair[0], digest, pair[1]))
-    return out
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICRO = timedelta(microseconds=1)
-
-
-def _us(dt: datetime) -> int:
-    """Exact integer microseconds since the epoch (floats lose the last digit)."""
-    return ((dt if dt.tzinfo else dt.replace(tzinfo=UTC)) - _EPOCH) // _MICRO
-
-
-def _dt(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
-
-
-def _function_name(ffqn: str) -> str:
-    return ffqn.rsplit(".", 1)[-1]
-
-
-def is_cancellable(summary: ExecutionSummary) -> bool:
-    """SPEC §8: activities, and workflows whose function name ends in `-cancellable`."""
-    return not summary.is_workflow or _function_name(summary.ffqn).endswith("-cancellable")
-
-
-@dataclass(slots=True)
-class _Notes:
-    """What to announce once the transaction has committed."""
-
-    pending: set[str] = field(default_factory=set)
-    finished: list[tuple[str, ev.ExecutionResult]] = field(default_factory=list)
-    responses: set[str] = field(default_factory=set)
-    cancelled: set[str] = field(default_factory=set)
-    #: Cancelling executions that changed (for the cancellation driver).
-    cancelling: set[str] = field(default_factory=set)
+_frames_decoder = frames_decoder
+_PreparedBacktrace = PreparedBacktrace
+_prepare_backtraces = prepare_backtraces
+_us = us
+_dt = dt
+_not_before = not_before
+_projection = projection
+_Notes = Notes
 
 
 @dataclass(slots=True)
@@ -461,10 +411,7 @@ class SqliteStorage:
     async def unpause(self, execution_id: str, now: datetime) -> ExecutionSummary:
         def tx(c: sqlite3.Connection, n: _Notes) -> ExecutionSummary:
             s = _load_summary(c, execution_id)
-            if s.is_finished:
-                raise Conflict(f"execution {execution_id} is already finished")
-            if not s.paused:
-                raise Conflict(f"execution {execution_id} is not paused")
+            check_unpause(s, execution_id)
             return _append(c, n, execution_id, s.next_version, [ev.Unpaused()], now, None)
 
         return await self._write(tx)
@@ -1018,11 +965,6 @@ def _load_summary_for_write(
     return _summary_decoder.decode(row[0]), _not_before(now, row[1])
 
 
-def _not_before(now: datetime, updated_at: int) -> datetime:
-    """`now`, or just after `updated_at` (µs) if that is later (see `_after_last_write`)."""
-    return now if updated_at <= _us(now) else _dt(updated_at + 1)
-
-
 def _after_last_write(conn: sqlite3.Connection, execution_id: str, now: datetime) -> datetime:
     """`now`, or just after the execution's last write if that is later.
 
@@ -1038,14 +980,6 @@ def _after_last_write(conn: sqlite3.Connection, execution_id: str, now: datetime
     if row is None or row[0] <= _us(now):
         return now
     return _dt(row[0] + 1)
-
-
-def _projection(s: ExecutionSummary) -> tuple[str, int | None, int | None]:
-    state = s.state
-    u = s.underlying
-    pending_at = _us(state.scheduled_at) if isinstance(state, PendingAt) else None
-    lock_expires_at = _us(u.lock_expires_at) if isinstance(u, Locked) else None
-    return state_name(state), pending_at, lock_expires_at
 
 
 def _write_summary(
@@ -1436,22 +1370,7 @@ def _pause(
     conn: sqlite3.Connection, notes: _Notes, execution_id: str, now: datetime
 ) -> ExecutionSummary:
     s = _load_summary(conn, execution_id)
-    if s.is_finished:
-        raise Conflict(f"execution {execution_id} is already finished")
-    if s.cancelling:
-        raise Conflict(f"execution {execution_id} is being cancelled and cannot be paused")
-    if s.paused:
-        raise Conflict(f"execution {execution_id} is already paused")
-    events: list[ev.Event] = [ev.Paused()]
-    if isinstance(s.underlying, Locked):
-        if not s.is_workflow:
-            raise Conflict(
-                f"execution {execution_id} is a running activity and cannot be paused: "
-                "cancel it instead, or pause it between runs"
-            )
-        # A locked workflow's run is released first (SPEC §4.3).
-        events.insert(0, ev.Unlocked(now, "paused"))
-        notes.cancelled.add(execution_id)  # tells a warm run to stop
+    events = pause_events(s, execution_id, now, notes)
     return _append(conn, notes, execution_id, s.next_version, events, now, None)
 
 
@@ -1459,19 +1378,7 @@ def _cancel(
     conn: sqlite3.Connection, notes: _Notes, execution_id: str, now: datetime
 ) -> ExecutionSummary:
     s = _load_summary(conn, execution_id)
-    if not is_cancellable(s):
-        raise NotCancellable(
-            f"execution {execution_id} ({s.ffqn}) is not cancellable: only activities and "
-            "workflows whose function name ends in -cancellable can be cancelled"
-        )
-    if s.is_finished:
-        raise Conflict(f"execution {execution_id} is already finished")
-    if s.cancelling:
-        raise Conflict(f"cancellation of execution {execution_id} was already requested")
-    events: list[ev.Event] = [ev.CancellationRequested()]
-    if not s.is_workflow and not isinstance(s.underlying, Locked):
-        # Nothing runs: the activity is finished right away.
-        events.append(ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested")))
+    events = cancel_events(s, execution_id)
     return _append(conn, notes, execution_id, s.next_version, events, now, None)
 
 
@@ -1540,23 +1447,7 @@ def _list_where(flt: ListFilter) -> tuple[str, list[Any]]:
     return (" WHERE " + " AND ".join(where) if where else ""), args
 
 
-class _EventType(msgspec.Struct):
-    """Just enough of a stored event to name it (other fields are skipped)."""
-
-    type: str
-    event: _InnerType | None = None
-
-
-class _InnerType(msgspec.Struct):
-    type: str
-
-
-_event_type_decoder = msgspec.json.Decoder(_EventType)
-
-
-def _event_type(blob: bytes) -> str:
-    e = _event_type_decoder.decode(blob)
-    return e.event.type if e.type == "history_event" and e.event is not None else e.type
+_event_type = event_type
 
 
 _ROW_COLUMNS = "execution_id, ffqn, component_type, parent_id, created_at, updated_at, summary"
@@ -1564,22 +1455,7 @@ _ROW_COLUMNS = "execution_id, ffqn, component_type, parent_id, created_at, updat
 
 def _row(row: Any) -> ExecutionRow:
     execution_id, ffqn, component_type, parent_id, created_at, updated_at, blob = row
-    s = _summary_decoder.decode(blob)
-    state = s.state
-    u = s.underlying
-    scheduled_at = u.scheduled_at if isinstance(u, PendingAt) else None
-    lock_expires_at = u.lock_expires_at if isinstance(u, Locked | BlockedByJoinSet) else None
-    return ExecutionRow(
-        execution_id=execution_id,
-        ffqn=ffqn,
-        component_type=component_type,
-        state=state,
-        created_at=_dt(created_at),
-        updated_at=_dt(updated_at),
-        next_version=s.next_version,
-        parent_id=parent_id,
-        scheduled_at=scheduled_at,
-        lock_expires_at=lock_expires_at,
-        result=s.result,
-        temporary_event_count=s.temporary_event_count,
+    return execution_row(
+        execution_id, ffqn, component_type, parent_id, created_at, updated_at,
+        _summary_decoder.decode(blob),
     )

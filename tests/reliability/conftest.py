@@ -60,9 +60,20 @@ def wait_until(
 class ServerProcess:
     """One `obelisk server run` process; `kill()` is SIGKILL, `stop()` SIGTERM + wait."""
 
-    def __init__(self, deployment: Path, data_dir: Path, log_path: Path) -> None:
+    def __init__(
+        self,
+        deployment: Path,
+        data_dir: Path,
+        log_path: Path,
+        *,
+        extra_args: list[str] | None = None,
+        prefix: list[str] | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        """`prefix` runs the server under another command (`ip netns exec NS`); `host` is
+        the address its API listens on and is reached at."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.log_path = log_path
         self._log = log_path.open("a", encoding="utf-8", buffering=1)
         self._listening = threading.Event()
@@ -71,14 +82,15 @@ class ServerProcess:
             str(OBELISK), "server", "run",
             "--deployment", str(deployment),
             "--data-dir", str(data_dir),
-            "--api-listen", f"127.0.0.1:{self.port}",
+            "--api-listen", f"{host}:{self.port}",
             "--allow-unauthenticated-api",
+            *(extra_args or []),
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("OBELISK_API_TOKEN", None)
         self._log.write(f"$ {' '.join(args)}\n")
         self.proc = subprocess.Popen(
-            args,
+            [*(prefix or []), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -18,7 +18,9 @@ import pytest
 from engine.core import events as ev
 from engine.core.ids import ExecutionId, JoinSetId, new_executor_id, new_run_id
 from engine.storage.contract import CreateRequest, Storage
+from engine.storage.postgres import PostgresStorage
 from engine.storage.sqlite import SqliteStorage
+from tests.pg_cluster import drop_schema, schema_dsn
 
 #: Opens a backend on the location belonging to `tmp_path`. Opening twice with the same
 #: `tmp_path` must give the same database (close/reopen tests rely on it).
@@ -31,9 +33,20 @@ async def _open_sqlite(tmp_path: Path) -> Storage:
     return await SqliteStorage.open(tmp_path / "obelisk.sqlite")
 
 
+#: The server's DSN, set by `open_storage` (the `postgres_dsn` session fixture) before
+#: `_open_postgres` runs.
+_postgres: dict[str, str] = {}
+
+
+async def _open_postgres(tmp_path: Path) -> Storage:
+    # A fresh schema per test (named after its temp dir: reopening finds the same one);
+    # much faster than a database per test, and notifications are per schema too.
+    return await PostgresStorage.open(schema_dsn(_postgres["dsn"], tmp_path))
+
+
 BACKENDS: dict[str, Opener] = {
     "sqlite": _open_sqlite,
-    # "postgres": _open_postgres,  # later: a fresh database per test, skip without a server
+    "postgres": _open_postgres,
 }
 
 
@@ -41,6 +54,9 @@ BACKENDS: dict[str, Opener] = {
 def open_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Reopen:
     """The opener of the backend under test, bound to this test's location."""
     opener = BACKENDS[request.param]
+    if request.param == "postgres":
+        _postgres["dsn"] = request.getfixturevalue("postgres_dsn")
+        request.addfinalizer(lambda: drop_schema(_postgres["dsn"], tmp_path))
 
     async def open_() -> Storage:
         return await opener(tmp_path)

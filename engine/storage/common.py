@@ -1,0 +1,227 @@
+"""What the SQLite and PostgreSQL backends share: time encoding, projections, the
+decisions of pause/unpause/cancel, backtrace preparation, post-commit notes.
+
+Only pure code lives here (no SQL): each backend runs its own statements around these.
+The state machine itself is `engine.core.state`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+
+from engine.core import events as ev
+from engine.core.state import (
+    BlockedByJoinSet,
+    ExecutionSummary,
+    Locked,
+    PendingAt,
+    state_name,
+)
+from engine.storage.contract import Conflict, ExecutionRow, NotCancellable
+from engine.workflow.host_api import Frame
+
+summary_decoder = msgspec.json.Decoder(ExecutionSummary)
+frames_decoder = msgspec.json.Decoder(list[Frame])
+_frames_encoder = msgspec.json.Encoder()
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+
+def us(dt: datetime) -> int:
+    """Exact integer microseconds since the epoch (floats lose the last digit)."""
+    return ((dt if dt.tzinfo else dt.replace(tzinfo=UTC)) - EPOCH) // _MICRO
+
+
+def dt(micros: int) -> datetime:
+    return EPOCH + timedelta(microseconds=micros)
+
+
+def not_before(now: datetime, updated_at: int) -> datetime:
+    """`now`, or just after `updated_at` (µs) if that is later.
+
+    Callers take `now` before their transaction is queued, so transactions can commit
+    out of timestamp order (and, with several hosts, clocks differ a little). A log is
+    read back by interleaving events and responses by time: a transaction of an
+    execution never gets a timestamp before the previous one, so that this order is the
+    commit order."""
+    return now if updated_at <= us(now) else dt(updated_at + 1)
+
+
+def function_name(ffqn: str) -> str:
+    return ffqn.rsplit(".", 1)[-1]
+
+
+def is_cancellable(summary: ExecutionSummary) -> bool:
+    """SPEC §8: activities, and workflows whose function name ends in `-cancellable`."""
+    return not summary.is_workflow or function_name(summary.ffqn).endswith("-cancellable")
+
+
+@dataclass(slots=True)
+class Notes:
+    """What to announce once the transaction has committed."""
+
+    pending: set[str] = field(default_factory=set)
+    finished: list[tuple[str, ev.ExecutionResult]] = field(default_factory=list)
+    responses: set[str] = field(default_factory=set)
+    cancelled: set[str] = field(default_factory=set)
+    #: Cancelling executions that changed (for the cancellation driver).
+    cancelling: set[str] = field(default_factory=set)
+
+
+def projection(s: ExecutionSummary) -> tuple[str, int | None, int | None]:
+    """(state name, pending_at µs, lock_expires_at µs) of the projection row: pending_at
+    only while the state is exactly PendingAt, lock_expires_at while the underlying state
+    is Locked (the indexed columns of due work and expired locks)."""
+    state = s.state
+    u = s.underlying
+    pending_at = us(state.scheduled_at) if isinstance(state, PendingAt) else None
+    lock_expires_at = us(u.lock_expires_at) if isinstance(u, Locked) else None
+    return state_name(state), pending_at, lock_expires_at
+
+
+def execution_row(
+    execution_id: str,
+    ffqn: str,
+    component_type: str,
+    parent_id: str | None,
+    created_at: int,
+    updated_at: int,
+    s: ExecutionSummary,
+) -> ExecutionRow:
+    u = s.underlying
+    scheduled_at = u.scheduled_at if isinstance(u, PendingAt) else None
+    lock_expires_at = u.lock_expires_at if isinstance(u, Locked | BlockedByJoinSet) else None
+    return ExecutionRow(
+        execution_id=execution_id,
+        ffqn=ffqn,
+        component_type=component_type,
+        state=s.state,
+        created_at=dt(created_at),
+        updated_at=dt(updated_at),
+        next_version=s.next_version,
+        parent_id=parent_id,
+        scheduled_at=scheduled_at,
+        lock_expires_at=lock_expires_at,
+        result=s.result,
+        temporary_event_count=s.temporary_event_count,
+    )
+
+
+# -- decisions of the steering commands (SPEC §4.3, §8) --------------------------------
+
+
+def pause_events(
+    s: ExecutionSummary, execution_id: str, now: datetime, notes: Notes
+) -> list[ev.Event]:
+    """The events that pause `s`, or Conflict. A locked workflow is released first."""
+    if s.is_finished:
+        raise Conflict(f"execution {execution_id} is already finished")
+    if s.cancelling:
+        raise Conflict(f"execution {execution_id} is being cancelled and cannot be paused")
+    if s.paused:
+        raise Conflict(f"execution {execution_id} is already paused")
+    events: list[ev.Event] = [ev.Paused()]
+    if isinstance(s.underlying, Locked):
+        if not s.is_workflow:
+            raise Conflict(
+                f"execution {execution_id} is a running activity and cannot be paused: "
+                "cancel it instead, or pause it between runs"
+            )
+        # A locked workflow's run is released first (SPEC §4.3).
+        events.insert(0, ev.Unlocked(now, "paused"))
+        notes.cancelled.add(execution_id)  # tells a warm run to stop
+    return events
+
+
+def check_unpause(s: ExecutionSummary, execution_id: str) -> None:
+    if s.is_finished:
+        raise Conflict(f"execution {execution_id} is already finished")
+    if not s.paused:
+        raise Conflict(f"execution {execution_id} is not paused")
+
+
+def cancel_events(s: ExecutionSummary, execution_id: str) -> list[ev.Event]:
+    """The events that request the cancellation of `s` (SPEC §8), or an error."""
+    if not is_cancellable(s):
+        raise NotCancellable(
+            f"execution {execution_id} ({s.ffqn}) is not cancellable: only activities and "
+            "workflows whose function name ends in -cancellable can be cancelled"
+        )
+    if s.is_finished:
+        raise Conflict(f"execution {execution_id} is already finished")
+    if s.cancelling:
+        raise Conflict(f"cancellation of execution {execution_id} was already requested")
+    events: list[ev.Event] = [ev.CancellationRequested()]
+    if not s.is_workflow and not isinstance(s.underlying, Locked):
+        # Nothing runs: the activity is finished right away.
+        events.append(ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested")))
+    return events
+
+
+def response_source(response: ev.Response) -> str:
+    """The child execution or delay a response answers: one response each."""
+    if isinstance(response, ev.ChildExecutionFinished):
+        return response.child_execution_id
+    return response.delay_id
+
+
+class _EventType(msgspec.Struct):
+    """Just enough of a stored event to name it (other fields are skipped)."""
+
+    type: str
+    event: _InnerType | None = None
+
+
+class _InnerType(msgspec.Struct):
+    type: str
+
+
+_event_type_decoder = msgspec.json.Decoder(_EventType)
+
+
+def event_type(blob: bytes) -> str:
+    """The type of a stored event; the inner type for history events (`join_next`)."""
+    e = _event_type_decoder.decode(blob)
+    return e.event.type if e.type == "history_event" and e.event is not None else e.type
+
+
+# -- backtraces (SPEC §7.4) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBacktrace:
+    """A backtrace ready for the writer: `at` is an index into the appended events (append)
+    or a version (replace_backtraces)."""
+
+    at: int
+    key: bytes
+    component_digest: str
+    frames: bytes
+
+
+def prepare_backtraces(
+    component_digest: str | None, backtraces: Sequence[tuple[int, list[Frame]]]
+) -> list[PreparedBacktrace]:
+    """Encode and hash on the caller's side (the writer only runs SQL). Empty stacks are
+    left out; the same frames list object is encoded once."""
+    if not backtraces:
+        return []
+    digest = component_digest or ""
+    encoded: dict[int, tuple[bytes, bytes]] = {}
+    out: list[PreparedBacktrace] = []
+    for at, frames in backtraces:
+        if not frames:
+            continue
+        pair = encoded.get(id(frames))
+        if pair is None:
+            blob = _frames_encoder.encode(frames)
+            key = hashlib.sha256(digest.encode() + b"\0" + blob).digest()
+            pair = encoded[id(frames)] = (key, blob)
+        out.append(PreparedBacktrace(at, pair[0], digest, pair[1]))
+    return out
