@@ -148,3 +148,46 @@ async def test_rest_backend_with_a_wrong_token(console_engine: Engine) -> None:
         assert raised.value.status == 401
     finally:
         await server.close()
+
+
+async def test_the_console_attached_to_a_server_on_postgresql(
+    tmp_path: Any, postgres_dsn: str, request: pytest.FixtureRequest
+) -> None:
+    """Issue 5's "the console works against any of the servers": a server whose storage
+    is PostgreSQL, the console attached to its API: list, counts, detail, an action."""
+    from tests.console.conftest import open_console, screen_text, until, write_deployment
+    from tests.pg_cluster import drop_schema, schema_dsn
+
+    request.addfinalizer(lambda: drop_schema(postgres_dsn, tmp_path))
+    engine = await Engine.start(
+        write_deployment(tmp_path), tmp_path / "data", database_url=schema_dsn(postgres_dsn, tmp_path)
+    )
+    server = TestServer(make_app(engine, TOKEN))
+    await server.start_server()
+    try:
+        fan = await engine.submit(FANOUT, [2])
+        assert await engine.result(fan, timeout=30) is not None
+        waiting = await engine.submit(APPROVE, ["pg"])
+        rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
+        embedded = EmbeddedBackend(engine, label="embedded", owns_engine=False)
+        pair = (embedded, rest)
+        rows = await both(pair, "list_executions", ExecutionQuery(), 0, 10)
+        assert len(rows) == 4 and await both(pair, "count_executions", ExecutionQuery()) == 4
+        assert (await both(pair, "counts_by_state"))["finished"] == 3
+        await both(pair, "events", fan)
+        async with open_console(backend=rest) as (app, pilot):
+            from obelisk_tui.widgets.execution_list import ExecutionList
+
+            lst = app.screen.query_one(ExecutionList)
+            await until(pilot, lambda: len(lst.rows) == 4, what="the rows")
+            assert "attached" in app.sub_title
+            lst.move_cursor(lst.index_of(waiting) or 0)
+            await pilot.press("p")
+            await until(pilot, lambda: lst.selected is not None
+                        and lst.selected["state"]["type"] == "paused", what="paused")
+            await pilot.press("enter")
+            await until(pilot, lambda: "test:console/approval.approve" in screen_text(app)
+                        and "Paused" in screen_text(app), what="the detail")
+    finally:
+        await server.close()
+        await engine.stop()
