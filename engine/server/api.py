@@ -907,17 +907,20 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
             },
         },
     }
+    filter_params = [
+        _query("ffqn", {"type": "string"}, "FFQN prefix"),
+        _query("state", {"type": "array", "items": {"enum": list(STATE_NAMES)}},
+               "state name; repeat for several", explode=True),
+        _query("hide_finished", {"type": "boolean"}, "leave out finished ones"),
+        _query("top_level_only", {"type": "boolean"}, "leave out child executions"),
+        _query("id_prefix", {"type": "string"}, "execution id prefix"),
+    ]
     paths: dict[str, Any] = {
         "/v1/executions": {
             "get": {
                 "summary": "List executions, newest first",
                 "parameters": [
-                    _query("ffqn", {"type": "string"}, "FFQN prefix"),
-                    _query("state", {"type": "array", "items": {"enum": list(STATE_NAMES)}},
-                           "state name; repeat for several", explode=True),
-                    _query("hide_finished", {"type": "boolean"}, "leave out finished ones"),
-                    _query("top_level_only", {"type": "boolean"}, "leave out child executions"),
-                    _query("id_prefix", {"type": "string"}, "execution id prefix"),
+                    *filter_params,
                     _query("limit", {"type": "integer", "minimum": 1,
                                      "maximum": MAX_LIST_LIMIT, "default": 100}, "page size"),
                     _query("before", {"type": "string"},
@@ -946,14 +949,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
         "/v1/executions/count": {
             "get": {
                 "summary": "How many executions the list filters select",
-                "parameters": [
-                    _query("ffqn", {"type": "string"}, "FFQN prefix"),
-                    _query("state", {"type": "array", "items": {"enum": list(STATE_NAMES)}},
-                           "state name; repeat for several", explode=True),
-                    _query("hide_finished", {"type": "boolean"}, "leave out finished ones"),
-                    _query("top_level_only", {"type": "boolean"}, "leave out child executions"),
-                    _query("id_prefix", {"type": "string"}, "execution id prefix"),
-                ],
+                "parameters": filter_params,
                 "responses": {**_ok("The count", _ref("Count")), **_errors(400)},
             }
         },
