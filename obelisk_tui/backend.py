@@ -83,7 +83,9 @@ class ConsoleBackend(Protocol):
         """The log from `from_version`, with `backtrace_id`s."""
         ...
 
-    async def responses(self, execution_id: str) -> list[ResponseEntry]: ...
+    async def responses(self, execution_id: str, after: int = 0) -> list[ResponseEntry]:
+        """Responses with a cursor above `after`."""
+        ...
 
     async def logs(self, execution_id: str, after: int = 0) -> list[LogEntry]: ...
 
@@ -195,10 +197,11 @@ class EmbeddedBackend:
             await self._call(self.engine.storage.get_summary(execution_id))  # NotFound
         return event_entries(stored, True)
 
-    async def responses(self, execution_id: str) -> list[ResponseEntry]:
+    async def responses(self, execution_id: str, after: int = 0) -> list[ResponseEntry]:
         from engine.server.api import response_entries
 
-        return response_entries(await self._call(self.engine.storage.get_responses(execution_id)))
+        stored = await self._call(self.engine.storage.get_responses(execution_id, after))
+        return response_entries(stored)
 
     async def logs(self, execution_id: str, after: int = 0) -> list[LogEntry]:
         from engine.server.api import log_entries
@@ -353,9 +356,10 @@ class RestBackend:
         path = self._path(execution_id, "events")
         return cast(list[EventEntry], await self._request("GET", path, query=q))
 
-    async def responses(self, execution_id: str) -> list[ResponseEntry]:
+    async def responses(self, execution_id: str, after: int = 0) -> list[ResponseEntry]:
         path = self._path(execution_id, "responses")
-        return cast(list[ResponseEntry], await self._request("GET", path))
+        q = [("after", str(after))]
+        return cast(list[ResponseEntry], await self._request("GET", path, query=q))
 
     async def logs(self, execution_id: str, after: int = 0) -> list[LogEntry]:
         path = self._path(execution_id, "logs")

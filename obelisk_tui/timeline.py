@@ -63,31 +63,53 @@ def _describe(s: ExecutionSummary) -> tuple[str, tuple[str, ...], str | None]:
     return _name(state), tuple(layers), kind
 
 
+class Timeline:
+    """`Step`s of a growing log, folded incrementally: `update` decodes and applies only
+    what arrived since the last call (a long workflow's log is not re-read per refresh).
+
+    New events and responses always come after everything already folded (an execution's
+    writes are timestamped in commit order), so they are interleaved among themselves
+    and applied at the end."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self._summary: ExecutionSummary | None = None
+        self._events = 0
+        self._responses = 0
+        self._before = ""
+        self._broken = False
+
+    def update(self, events: list[EventEntry], responses: list[ResponseEntry]) -> list[Step]:
+        new_events = [msgspec.convert(e, ev.StoredEvent) for e in events[self._events :]]
+        new_responses = [msgspec.convert(r, ev.StoredResponse) for r in responses[self._responses :]]
+        self._events, self._responses = len(events), len(responses)
+        if self._broken:
+            return self.steps
+        for at, item, version in interleave_stored(new_events, new_responses):
+            try:
+                if self._summary is None:
+                    if not isinstance(item, ev.Created):
+                        self._broken = True
+                        break
+                    self._summary = created_summary(item, at)
+                elif version is None:
+                    self._summary = apply_response(self._summary, item, at)  # type: ignore[arg-type]
+                else:
+                    self._summary = apply_event(self._summary, item, at)  # type: ignore[arg-type]
+            except IllegalAppend:
+                self._broken = True  # shown up to where the log breaks
+                break
+            name, layers, kind = _describe(self._summary)
+            if version is not None:
+                self.steps.append(Step(version, name, layers, kind, edge_of(self._before, name)))
+            elif self.steps:  # a response moved the state on after the last event
+                last = self.steps[-1]
+                edge = edge_of(last.underlying, name) or last.edge
+                self.steps[-1] = Step(last.version, name, layers, kind, edge)
+            self._before = name
+        return self.steps
+
+
 def steps(events: list[EventEntry], responses: list[ResponseEntry]) -> list[Step]:
     """One `Step` per version. A log the state machine rejects stops where it breaks."""
-    stored = [msgspec.convert(e, ev.StoredEvent) for e in events]
-    answers = [msgspec.convert(r, ev.StoredResponse) for r in responses]
-    out: list[Step] = []
-    summary: ExecutionSummary | None = None
-    before = ""
-    for at, item, version in interleave_stored(stored, answers):
-        try:
-            if summary is None:
-                if not isinstance(item, ev.Created):
-                    break
-                summary = created_summary(item, at)
-            elif version is None:
-                summary = apply_response(summary, item, at)  # type: ignore[arg-type]
-            else:
-                summary = apply_event(summary, item, at)  # type: ignore[arg-type]
-        except IllegalAppend:
-            break
-        name, layers, kind = _describe(summary)
-        if version is not None:
-            out.append(Step(version, name, layers, kind, edge_of(before, name)))
-        elif out:  # a response moved the state on after the last event
-            last = out[-1]
-            edge = edge_of(last.underlying, name) or last.edge
-            out[-1] = Step(last.version, name, layers, kind, edge)
-        before = name
-    return out
+    return Timeline().update(events, responses)

@@ -85,6 +85,7 @@ class ExecutionDetailScreen(Screen[None]):
         self.events: list[EventEntry] = []
         self.responses: list[ResponseEntry] = []
         self.steps: list[timeline.Step] = []
+        self._timeline = timeline.Timeline()
         #: The version the diagram shows; None: the latest (live).
         self.travel: int | None = None
         self._sources: dict[str, ComponentSourceInfo | None] = {}
@@ -145,11 +146,12 @@ class ExecutionDetailScreen(Screen[None]):
         eid = self.execution_id
         try:
             info = await backend.status(eid)
-            if info["next_version"] != len(self.events) or info != self.info:
+            if info != self.info:
                 if info["next_version"] > len(self.events):
                     self.events += await backend.events(eid, len(self.events))
-                self.responses = await backend.responses(eid)
-                self.steps = timeline.steps(self.events, self.responses)
+                after = self.responses[-1]["cursor"] if self.responses else 0
+                self.responses += await backend.responses(eid, after)
+                self.steps = self._timeline.update(self.events, self.responses)
             self.info = info
             tab = self.active_tab
             if tab == "children":

@@ -72,7 +72,9 @@ async def test_reads_are_the_same_through_both(
     events = await both(backends, "events", fan)
     assert len(events) == info["next_version"] and "backtrace_id" in events[0]
     assert await both(backends, "events", fan, 3) == events[3:]
-    await both(backends, "responses", fan)
+    answers = await both(backends, "responses", fan)
+    assert len(answers) == 2
+    assert await both(backends, "responses", fan, answers[0]["cursor"]) == answers[1:]
     logs = await both(backends, "logs", fan)
     assert [x["message"] for x in logs] == ["fan-out of 2 adds up to 10"]
     assert await both(backends, "logs", fan, logs[0]["id"]) == []

@@ -239,6 +239,12 @@ async def test_steps_follow_the_engine_state_machine(console_engine: Engine) -> 
     assert steps[1].underlying == "locked" and steps[1].edge == "locked"
     assert steps[-1].underlying == "finished" and steps[-1].result_kind == "ok"
     assert steps[-1].edge == "finished_locked"
+    # Folded piece by piece as a live console sees the log grow: the same steps.
+    live = timeline.Timeline()
+    for n in range(1, len(events) + 1):
+        upto = events[n - 1]["created_at"]
+        live.update(events[:n], [r for r in responses if r["created_at"] <= upto])
+    assert live.update(events, responses) == steps
 
 
 async def test_steps_show_overlays_and_responses(console_engine: Engine) -> None:
