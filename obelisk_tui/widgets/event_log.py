@@ -34,8 +34,13 @@ class EventLog(RowList):
         self.events: list[EventEntry] = []
 
     def set_events(self, events: list[EventEntry]) -> None:
-        follow = self.cursor == len(self.events) - 1 or not self.events
-        self.events = events
+        """Show `events` (the whole log so far); the cursor follows new ones while it is
+        on the last row."""
+        shown = len(self.events)
+        follow = shown == 0 or self.cursor == shown - 1
+        self.events = list(events)
+        if len(events) == shown:
+            return
         self.rows_changed()
         if follow and events:
             self.move_cursor(len(events) - 1)

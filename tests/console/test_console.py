@@ -290,9 +290,15 @@ async def test_detail_actions_on_a_waiting_workflow(console_engine: Engine) -> N
         assert await state_of(engine, order) == "paused"
         await pilot.press("u")
         await until(pilot, lambda: "blocked" in screen_text(app).split("\n")[1], what="unpaused")
+        await pilot.press("2")  # the Events tab follows the log as it grows
+        log = app.screen.query_one(EventLog)
+        await until(pilot, lambda: bool(log.events), what="the events")
+        assert log.cursor == len(log.events) - 1
         await engine.stub(approval, {"ok": True})
         await until(pilot, lambda: "finished ok" in screen_text(app).split("\n")[1],
                     what="the workflow to finish live")
+        await until(pilot, lambda: log.events[-1]["event"]["type"] == "finished", what="finished")
+        assert log.cursor == len(log.events) - 1
         await pilot.press("c")  # finished: nothing to cancel, and the key says so
         await until(pilot, lambda: any("is finished" in n for n in notices(app)), what="refusal")
         assert not isinstance(app.screen, ConfirmScreen)
