@@ -115,34 +115,39 @@ class ObeliskApp(App[None]):
     async def follow_changes(self) -> None:
         generation = -1
         while True:
-            waiter = asyncio.ensure_future(self.backend.wait_changed(generation, 10.0))
-            wanted = asyncio.ensure_future(self._refresh_wanted.wait())
             try:
-                done, _ = await asyncio.wait({waiter, wanted}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                wanted.cancel()
-            forced = wanted in done
-            self._refresh_wanted.clear()
-            try:
-                new = await waiter if waiter in done else generation
+                new, forced = await self._next_change(generation)
             except ApiError as e:
                 self.report_error(e)
                 await asyncio.sleep(1.0)  # the server may be restarting: retry calmly
                 continue
-            finally:
-                if waiter not in done:
-                    waiter.cancel()
-            if (new == generation and not forced) or (self.frozen and not forced):
-                generation = new
+            changed, generation = new != generation, new
+            if not forced and (not changed or self.frozen):
                 continue
-            generation = new
             # Throttle: at most MAX_REFRESH_HZ refreshes; what arrives meanwhile is
             # picked up by the next one (the generation only grows).
             pause = self._last_refresh + 1 / MAX_REFRESH_HZ - time.monotonic()
             if pause > 0 and not forced:
                 await asyncio.sleep(pause)
+                if self.frozen:  # frozen while we waited
+                    continue
             self._last_refresh = time.monotonic()
             self.screen.post_message(DataChanged())
+
+    async def _next_change(self, generation: int) -> tuple[int, bool]:
+        """(the generation, whether a refresh was asked for) once the engine committed
+        something new or `request_refresh` was called."""
+        change = asyncio.ensure_future(self.backend.wait_changed(generation, 10.0))
+        asked = asyncio.ensure_future(self._refresh_wanted.wait())
+        try:
+            await asyncio.wait({change, asked}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            asked.cancel()
+            if not change.done():
+                change.cancel()
+        forced = self._refresh_wanted.is_set()
+        self._refresh_wanted.clear()
+        return (change.result() if change.done() and not change.cancelled() else generation), forced
 
     def _tick(self) -> None:
         if not self.frozen:
