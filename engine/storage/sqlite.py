@@ -547,8 +547,10 @@ class SqliteStorage:
         last = {
             eid: _event_type(blob)
             for eid, blob in await self._reader.execute_fetchall(
-                "SELECT execution_id, event FROM events WHERE (execution_id, version) IN "
-                f"(VALUES {pairs})",
+                # A join from the wanted (id, version) pairs: SQLite plans a row-value
+                # `IN (VALUES …)` as a scan of the whole events table.
+                f"WITH want(e, v) AS (VALUES {pairs}) SELECT events.execution_id, events.event "
+                "FROM want JOIN events ON events.execution_id = want.e AND events.version = want.v",
                 last_args,
             )
         }
