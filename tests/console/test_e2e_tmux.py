@@ -89,6 +89,10 @@ class Tmux:
         self.last_screen = self("capture-pane", "-p", "-t", SESSION)
         return self.last_screen
 
+    def history(self) -> str:
+        """Everything the pane showed, scrollback included (e.g. a whole traceback)."""
+        return self("capture-pane", "-p", "-S", "-", "-t", SESSION)
+
     def keys(self, *keys: str) -> None:
         """tmux key names: "Enter", "Escape", "j", "/", "Space", …"""
         self("send-keys", "-t", SESSION, *keys)
@@ -195,7 +199,10 @@ def test_console_in_tmux(tmux: Tmux, tmp_path: Path) -> None:
         return None
 
     code = wait_for(exit_code, SCREEN_TIMEOUT, "the console to exit after q", describe=tmux.describe)
-    assert code == "0", f"obelisk-tui exited with {code}\n{tmux.describe()}"
+    assert code == "0", (
+        f"obelisk-tui exited with {code} after q\n--- the pane, scrollback included ---\n"
+        f"{tmux.history()}\n{console_log(data_dir)}"
+    )
     after = tmux.capture()
     assert "Traceback" not in after and "error" not in after.lower(), after
     log = (data_dir / "console.log").read_text(encoding="utf-8", errors="replace")
