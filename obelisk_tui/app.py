@@ -9,6 +9,7 @@ generation, throttled, forwarded to the current screen as `DataChanged`), a one-
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from textual.screen import Screen
 from textual.widgets import LoadingIndicator, Static
 
 from engine.client import ApiError, ServerUnreachable
+from engine.gc_tuning import tune_gc
 from obelisk_tui.backend import ConsoleBackend
 from obelisk_tui.commands import ExecutionCommands, ScreenCommands
 from obelisk_tui.messages import DataChanged, DeploymentReloaded, Tick
@@ -60,11 +62,14 @@ class ObeliskApp(App[None]):
         now: Callable[[], datetime] | None = None,
         live: bool = True,
         on_connected: Callable[[ObeliskApp], Awaitable[None]] | None = None,
+        tune_gc: bool = False,
     ) -> None:
         super().__init__()
         self._connect = connect
         self._what = what
         self._on_connected = on_connected
+        #: Process-wide GC settings: for the process that is the console (`obelisk-tui`).
+        self._tune_gc = tune_gc
         self.now = now or (lambda: datetime.now(UTC))
         #: Whether to follow the engine's changes (tests of fixed data turn it off).
         self.live = live
@@ -93,6 +98,11 @@ class ObeliskApp(App[None]):
         from obelisk_tui.screens.executions import ExecutionsScreen
 
         await self.switch_screen(ExecutionsScreen())
+        if self._tune_gc:
+            # What was allocated so far lives for the whole session: out of the
+            # collector's way, and its later passes rarer (much is allocated per refresh).
+            gc.freeze()
+            tune_gc()
         if self.live:
             self.follow_changes()
             self.follow_reloads()
@@ -113,7 +123,8 @@ class ObeliskApp(App[None]):
 
     @work(exclusive=True, group="changes")
     async def follow_changes(self) -> None:
-        generation = -1
+        # From the generation now: the screen just loaded what is there.
+        generation = await self.backend.wait_changed(-1, 0.0)
         while True:
             try:
                 new, forced = await self._next_change(generation)

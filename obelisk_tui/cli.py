@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.demo and not args.no_traffic:
             on_connected = _start_traffic
 
-    app = ObeliskApp(connect, what=what, on_connected=on_connected)
+    app = ObeliskApp(connect, what=what, on_connected=on_connected, tune_gc=True)
     app.run()
     if app.fatal_error:
         print(f"error: {app.fatal_error}", file=sys.stderr)

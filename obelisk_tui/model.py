@@ -284,7 +284,7 @@ def _history_summary(h: dict[str, Any]) -> str:
         req = h.get("request") or {}
         if req.get("type") == "child_execution_request":
             params = _short_json(req.get("params", []), 40)
-            return f"{js} → {req.get('child_execution_id')} {req.get('target_ffqn')}{params}"
+            return f"{js} → {req.get('child_execution_id')} {req.get('target_ffqn')} {params}"
         return f"{js} → {req.get('delay_id')} until {clock_time(parse_ts(req.get('expires_at')))}"
     if kind == "join_next":
         wanted = f" for {h['requested_ffqn']}" if h.get("requested_ffqn") else ""

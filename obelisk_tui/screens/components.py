@@ -107,9 +107,12 @@ class ComponentsScreen(Screen[None]):
     @work(exclusive=True)
     async def load(self) -> None:
         try:
-            self.show(await self.obelisk.backend.deployment())
+            deployment = await self.obelisk.backend.deployment()
         except ApiError as e:
             self.obelisk.report_error(e)
+            return
+        if self.is_attached:
+            self.show(deployment)
 
     def show(self, deployment: DeploymentInfo) -> None:
         self.deployment = deployment

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from rich.console import Group, RenderableType
-from rich.pretty import Pretty
+from rich.json import JSON
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -45,12 +45,9 @@ def render_result(info: ExecutionInfo) -> RenderableType:
         label, colour = model.state_label(info)
         return Text.assemble(("not finished yet: ", "dim"), (label, colour))
     kind = model.result_kind(result)
-    if kind == "ok":
-        title = Text("ok", style="bold " + model.STATE_COLOURS["finished"])
-        return Group(title, Pretty(result["ok"], expand_all=True))
-    if kind == "err":
-        title = Text("err", style="bold " + model.STATE_COLOURS["err"])
-        return Group(title, Pretty(result["err"], expand_all=True))
+    if kind in ("ok", "err"):
+        colour = model.STATE_COLOURS["finished" if kind == "ok" else "err"]
+        return Group(Text(kind, style="bold " + colour), JSON.from_data(result[kind], indent=2))
     failure = result.get("execution_failure") or {}
     parts: list[RenderableType] = [
         Text(f"execution failure: {failure.get('kind')}", style="bold " + model.STATE_COLOURS["failed"]),
@@ -86,6 +83,7 @@ class ExecutionDetailScreen(Screen[None]):
         self.responses: list[ResponseEntry] = []
         self.steps: list[timeline.Step] = []
         self._timeline = timeline.Timeline()
+        self._footer_state: tuple[bool, ...] = ()
         #: The version the diagram shows; None: the latest (live).
         self.travel: int | None = None
         self._sources: dict[str, ComponentSourceInfo | None] = {}
@@ -161,12 +159,15 @@ class ExecutionDetailScreen(Screen[None]):
                 view = self.query_one(LogView)
                 view.extend(await backend.logs(eid, view.last_id))
         except ApiError as e:
+            if not self.is_attached:
+                return
             if e.status == 404:
                 self.query_one("#detail-title", Static).update(Text(f" {e.message}", "bold red"))
                 return
             self.obelisk.report_error(e)
             return
-        self._show()
+        if self.is_attached:  # not when the screen was closed while we waited
+            self._show()
 
     def _show(self) -> None:
         info = self.info
@@ -183,7 +184,10 @@ class ExecutionDetailScreen(Screen[None]):
         self.query_one(EventLog).set_events(self.events)
         self._show_state()
         self.query_one("#result-view", Static).update(render_result(info))
-        self.refresh_bindings()
+        applies = tuple(actions.applicable(a, [info]) for a in ("pause", "unpause", "cancel"))
+        if applies != self._footer_state:  # Textual rebuilds the whole footer on each call
+            self._footer_state = applies
+            self.refresh_bindings()
 
     def _step(self) -> timeline.Step | None:
         if not self.steps:
@@ -194,7 +198,9 @@ class ExecutionDetailScreen(Screen[None]):
 
     def _show_state(self) -> None:
         if self.info is not None:
-            self.query_one(StateView).show(self.info, self.events, self._step(), self.travel is None)
+            self.query_one(StateView).show(
+                self.info, self.events, self._step(), self.travel is None, self.obelisk.now()
+            )
 
     # -- time travel and backtraces ------------------------------------------------------
     def action_travel(self, delta: int) -> None:
@@ -237,7 +243,8 @@ class ExecutionDetailScreen(Screen[None]):
         except ApiError as e:
             self.obelisk.report_error(e)
             return
-        self.query_one(SourceView).show_backtrace(bt, source)
+        if self.is_attached:
+            self.query_one(SourceView).show_backtrace(bt, source)
 
     # -- navigation ----------------------------------------------------------------------
     def action_back(self) -> None:

@@ -43,7 +43,7 @@ class ExecutionsScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.query_state = ExecutionQuery()
-        self._loading = False
+        self._footer_state: tuple[bool, ...] = ()
 
     @property
     def obelisk(self) -> ObeliskApp:
@@ -64,7 +64,7 @@ class ExecutionsScreen(Screen[None]):
         self.query_one("#filter", Input).display = False
         self.query_one(ExecutionList).focus()
         self._update_title()
-        self.load()
+        # The first load comes with the ScreenResume that follows the mount.
 
     # -- data ----------------------------------------------------------------------------
     def on_data_changed(self, _: DataChanged) -> None:
@@ -92,14 +92,18 @@ class ExecutionsScreen(Screen[None]):
         except ApiError as e:
             self.obelisk.report_error(e)
             return
+        if not self.is_attached:  # the app quit (or the screen went) while we waited
+            return
         self.query_one(StateCounts).show(counts, frozen=self.obelisk.frozen)
         lst.show_window(total, offset, rows)
         self._update_title(total)
-        self.refresh_bindings()
+        self._refresh_footer()
 
     def _update_title(self, total: int | None = None) -> None:
         q = self.query_state
-        text = f" {'' if total is None else f'{total:,} '}executions · {model.ORDER_TITLES[q.order]}"
+        count = "" if total is None else f"{total:,} "
+        noun = "execution" if total == 1 else "executions"
+        text = f" {count}{noun} · {model.ORDER_TITLES[q.order]}"
         if q.is_filtered:
             text += f" · filter: {model.format_filter(q)}"
         lst = self.query_one(ExecutionList)
@@ -119,12 +123,21 @@ class ExecutionsScreen(Screen[None]):
 
     @on(ExecutionList.CursorMoved)
     def _moved(self, _: ExecutionList.CursorMoved) -> None:
-        self.refresh_bindings()
+        self._refresh_footer()
 
     @on(ExecutionList.MarksChanged)
     def _marks(self, _: ExecutionList.MarksChanged) -> None:
         self._update_title(self.query_one(ExecutionList).total)
-        self.refresh_bindings()
+        self._refresh_footer()
+
+    def _refresh_footer(self) -> None:
+        """Re-check the actions of the footer only when what applies changed: Textual
+        rebuilds the whole footer on `refresh_bindings` (costly twice a second)."""
+        targets = self.query_one(ExecutionList).targets()
+        applies = tuple(actions.applicable(a, targets) for a in ("pause", "unpause", "cancel"))
+        if applies != self._footer_state:
+            self._footer_state = applies
+            self.refresh_bindings()
 
     # -- filter and order ----------------------------------------------------------------
     def action_filter(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
 
 from engine.client import EventEntry, ExecutionInfo, ResponseEntry
 from obelisk_tui import model
@@ -37,6 +38,12 @@ def delays_of(events: list[EventEntry], responses: list[ResponseEntry]) -> list[
     return out
 
 
+def _order(info: ExecutionInfo) -> tuple[str, str, int]:
+    """Children by creation, then join set, then their number (`…g:1_2` before `…g:1_10`)."""
+    head, _, n = info["execution_id"].rpartition("_")
+    return info["created_at"], head, int(n) if n.isdigit() else 0
+
+
 class ChildrenTree(Tree[str]):
     """Node data: an execution id (or a delay id, which opens nothing)."""
 
@@ -64,11 +71,22 @@ class ChildrenTree(Tree[str]):
         self._shown = key
         cursor = self.cursor_node.data if self.cursor_node is not None else None
         self.clear()
-        nodes = {root_id: self.root}
-        for info in descendants:  # oldest first: parents come before their children
-            parent = nodes.get(info["parent_id"] or "", self.root)
-            node = parent.add(child_label(info), data=info["execution_id"], expand=True)
-            nodes[info["execution_id"]] = node
+        kids: dict[str, list[ExecutionInfo]] = {}
+        for info in descendants:
+            kids.setdefault(info["parent_id"] or root_id, []).append(info)
+        nodes: dict[str, TreeNode[str]] = {}
+
+        def add(parent: TreeNode[str], parent_id: str) -> None:
+            for info in sorted(kids.get(parent_id, []), key=_order):
+                eid = info["execution_id"]
+                if eid in kids:
+                    node = parent.add(child_label(info), data=eid, expand=True)
+                    add(node, eid)
+                else:
+                    node = parent.add_leaf(child_label(info), data=eid)
+                nodes[eid] = node
+
+        add(self.root, root_id)
         for delay, expires, outcome in delays:
             colour = {"waiting": model.STATE_COLOURS["pending_at"], "cancelled": "#e0606a"}.get(outcome, "dim")
             label = Text(no_wrap=True)

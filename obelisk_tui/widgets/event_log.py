@@ -43,6 +43,8 @@ class EventLog(RowList):
             return
         self.rows_changed()
         if follow and events:
+            if self.cursor == len(events) - 1:  # no move, but what it is on is new
+                self.post_message(self.CursorMoved(self, self.cursor))
             self.move_cursor(len(events) - 1)
 
     def row_count(self) -> int:

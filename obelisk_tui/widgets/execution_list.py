@@ -3,7 +3,7 @@
 It never fetches anything: it shows a window of rows that its screen loads
 (`show_window`) and asks for another window with `WindowWanted` when the user scrolls
 past what is loaded. Rows keep their place on refresh; the cursor stays on the same
-execution when newer ones arrive above it (unless it sits at the very top, following).
+execution when newer ones arrive above it.
 """
 
 from __future__ import annotations
@@ -94,18 +94,23 @@ class ExecutionList(RowList):
 
     # -- data in -------------------------------------------------------------------------
     def show_window(self, total: int, offset: int, rows: list[ExecutionInfo]) -> None:
-        """Rows [offset, offset + len(rows)) of a list of `total` rows."""
+        """Rows [offset, offset + len(rows)) of a list of `total` rows.
+
+        The cursor stays on the execution it was on (a key pressed just after a refresh
+        acts on what was highlighted). At the top of the list the view stays there, so
+        that new executions come into sight; elsewhere it moves with the rows."""
         selected = self.selected
-        at_top = self.cursor == 0 and self.first_visible == 0
+        at_top = self.first_visible == 0
         self.total, self.start, self.rows = total, offset, rows
         self._wanted = None
         self.rows_changed()
-        if selected is not None and not at_top:
+        if selected is not None:
             index = self.index_of(selected["execution_id"])
             if index is not None and index != self.cursor:
-                delta = index - self.cursor
-                self.scroll_to(y=self.scroll_y + delta, animate=False)
+                if not at_top:
+                    self.scroll_to(y=self.scroll_y + index - self.cursor, animate=False)
                 self.set_reactive(ExecutionList.cursor, index)
+                self._scroll_to_cursor()
                 self.refresh()
         self.post_message(self.CursorMoved(self, self.cursor))
         self._want_visible()

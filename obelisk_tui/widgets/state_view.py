@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -15,7 +16,7 @@ from obelisk_tui import diagram, model
 from obelisk_tui.timeline import Step
 
 
-def metadata(info: ExecutionInfo, events: list[EventEntry]) -> Table:
+def metadata(info: ExecutionInfo, events: list[EventEntry], now: datetime) -> Table:
     """Params, parent, component, retries, lock holder and times, as a two-column grid."""
     created: dict[str, Any] = events[0]["event"] if events else {}
     locks = [e["event"] for e in events if e["event"].get("type") == "locked"]
@@ -38,12 +39,13 @@ def metadata(info: ExecutionInfo, events: list[EventEntry]) -> Table:
     if info.get("scheduled_at"):
         table.add_row("pending at", str(info["scheduled_at"]))
     under = model.state_name(model.underlying(info["state"]))
-    if last_lock is not None and under in ("locked", "blocked_by_join_set"):
-        table.add_row(
-            "lock",
-            f"{last_lock.get('executor_id')} / {last_lock.get('run_id')} "
-            f"until {info.get('lock_expires_at')}",
-        )
+    expires = model.parse_ts(info.get("lock_expires_at"))
+    holder = f"{(last_lock or {}).get('executor_id')} / {(last_lock or {}).get('run_id')}"
+    if last_lock is not None and under == "locked":
+        table.add_row("lock", f"{holder} until {info.get('lock_expires_at')}")
+    elif last_lock is not None and under == "blocked_by_join_set" and expires and expires > now:
+        # With `await`, the run that blocked may still be waiting in memory until then.
+        table.add_row("waiting run", f"{holder} until {info.get('lock_expires_at')}")
     retry = (last_lock or {}).get("retry_config") or {}
     failures = info["temporary_event_count"]
     if "max_retries" in retry:
@@ -59,7 +61,9 @@ def metadata(info: ExecutionInfo, events: list[EventEntry]) -> Table:
     return table
 
 
-def render_state(info: ExecutionInfo, events: list[EventEntry], step: Step | None, live: bool) -> RenderableType:
+def render_state(
+    info: ExecutionInfo, events: list[EventEntry], step: Step | None, live: bool, now: datetime
+) -> RenderableType:
     head = Text()
     label, colour = model.state_label(info)
     if step is None:
@@ -83,7 +87,7 @@ def render_state(info: ExecutionInfo, events: list[EventEntry], step: Step | Non
     if kind is not None:
         finished_as = kind.replace("execution_failure:", "failure ")
     lines = diagram.draw(under, list(overlays), edge, finished_as)
-    return Group(head, Text(), *lines, Text(), metadata(info, events))
+    return Group(head, Text(), *lines, Text(), metadata(info, events, now))
 
 
 class StateView(Static):
@@ -91,5 +95,12 @@ class StateView(Static):
     StateView { height: auto; padding: 0 1; }
     """
 
-    def show(self, info: ExecutionInfo, events: list[EventEntry], step: Step | None, live: bool) -> None:
-        self.update(render_state(info, events, step, live))
+    def show(
+        self,
+        info: ExecutionInfo,
+        events: list[EventEntry],
+        step: Step | None,
+        live: bool,
+        now: datetime,
+    ) -> None:
+        self.update(render_state(info, events, step, live, now))

@@ -407,3 +407,20 @@ async def test_help_and_quit(console_engine: Engine) -> None:
         await until(pilot, lambda: not app.screen.query("HelpPanel"), what="help closed")
         await pilot.press("q")
         await until(pilot, lambda: app._exit, what="the app to quit")  # type: ignore[attr-defined]
+
+
+async def test_the_cursor_stays_on_its_execution_when_new_ones_arrive(console_engine: Engine) -> None:
+    engine = console_engine
+    first = await engine.submit(APPROVE, ["1"])
+    async with open_console(engine) as (app, pilot):
+        lst = app.screen.query_one(ExecutionList)
+        await until(pilot, lambda: listed(app) == [first], what="the first")
+        assert lst.selected is not None and lst.selected["execution_id"] == first
+        newer = [await engine.submit(APPROVE, [str(i)]) for i in range(3)]
+        await until(pilot, lambda: len(listed(app)) == 4, what="the newer ones")
+        assert lst.selected["execution_id"] == first and lst.cursor == 3  # type: ignore[index]
+        assert lst.first_visible == 0 and listed(app)[0] == newer[-1]  # the view stays on top
+        await pilot.press("p")
+        await until(pilot, lambda: any(f"paused {first}" in n for n in notices(app)), what="paused")
+        assert await state_of(engine, first) == "paused"
+        assert {await state_of(engine, x) for x in newer} == {"pending_at"}

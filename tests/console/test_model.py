@@ -152,7 +152,7 @@ def test_spans_and_relative_times() -> None:
         (ev.Finished(ev.ExecutionFailure("timed_out", "lock expired", "")), "finished",
          "execution failure timed_out: lock expired"),
         (ev.HistoryEvent(ev.JoinSetRequest("g:1", ev.ChildExecutionRequest("E_P.g:1_1", "a:b/c.d", [7]))),
-         "join_set_request", "g:1 → E_P.g:1_1 a:b/c.d[7]"),
+         "join_set_request", "g:1 → E_P.g:1_1 a:b/c.d [7]"),
         (ev.HistoryEvent(ev.JoinNext("g:1", T0, None, True)), "join_next", "g:1 (closing)"),
         (ev.HistoryEvent(ev.Schedule("E_S", ev.ScheduleAtIn(300_000), "a:b/c.mail")), "schedule",
          "E_S a:b/c.mail in 5m"),
