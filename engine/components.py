@@ -212,11 +212,11 @@ async def load_registry(
 ) -> Registry:
     """Load every component (in threads: compiling WASM takes a while) and index exports."""
     configs = [c for c in deployment.components if c.type not in skip_types]
-    if any(c.type == "activity_js" for c in configs):
+    if any(c.type in ("activity_js", "workflow_js") for c in configs):
         from engine.workers.js_activity import warm_up
 
         # Compile QuickJS once before the JS modules are checked under a load timeout.
-        await asyncio.to_thread(warm_up)
+        await asyncio.to_thread(warm_up, cache_dir)
     try:
         loaded = await asyncio.gather(
             *(asyncio.to_thread(_load_one_sync, c, wasm_engine, cache_dir) for c in configs)

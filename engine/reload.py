@@ -213,10 +213,10 @@ async def build_registry(
         ):
             reused[i] = prev
     fresh = [c for i, c in enumerate(configs) if i not in reused]
-    if any(c.type == "activity_js" for c in fresh):
+    if any(c.type in ("activity_js", "workflow_js") for c in fresh):
         from engine.workers.js_activity import warm_up
 
-        await asyncio.to_thread(warm_up)
+        await asyncio.to_thread(warm_up, cache_dir)
     try:
         loaded = await asyncio.gather(
             *(asyncio.to_thread(_load_one_sync, c, wasm_engine, cache_dir) for c in fresh)

@@ -309,7 +309,7 @@ class WasmEngine:
         digest = f"sha256:{hexdigest}"
         cache_file = None
         if cache_dir is not None:
-            cache_file = Path(cache_dir) / f"{hexdigest}-{_cache_tag()}.cwasm"
+            cache_file = Path(cache_dir) / f"{hexdigest}-{cache_tag()}.cwasm"
             # Read into memory rather than `deserialize_file`: that one mmaps the file, and a
             # cache file rewritten in place later would crash the process (SIGBUS).
             try:
@@ -331,7 +331,7 @@ class WasmEngine:
             ) from None
         _COMPONENT_ENGINES[component] = self
         if cache_file is not None:
-            _write_atomically(cache_file, bytes(component.serialize()))
+            write_atomically(cache_file, bytes(component.serialize()))
         return LoadedComponent(component, digest, cache_hit=False)
 
     def load_component(
@@ -368,11 +368,11 @@ def _check_header(data: bytes, label: str) -> None:
     raise ComponentLoadError(f"not a WebAssembly component: {label}: {reason}")
 
 
-def _cache_tag() -> str:
+def cache_tag() -> str:
     return f"wasmtime{WASMTIME_VERSION}-{platform.machine() or 'unknown'}-epoch"
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -557,3 +558,28 @@ async def test_run_from_asyncio_via_to_thread_and_directly() -> None:
     assert out == RunOk(42)
     # Called on a thread that runs a loop: still works (uses a helper thread).
     assert runner.run([2], time.monotonic() + 5, threading.Event(), lambda _l: None, []) == RunOk(4)
+
+
+def test_compiled_quickjs_is_cached_on_disk(tmp_path: Path) -> None:
+    """A process compiles QuickJS once and keeps it; the next deserializes it, and an
+    unusable cache file is compiled again and replaced."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from pathlib import Path; from engine.workers.js_activity import warm_up; "
+        "warm_up(Path(sys.argv[1]))"
+    )
+
+    def run() -> None:
+        subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=120)
+
+    run()
+    (cached,) = tmp_path.glob("quickjs-*.cwasm")
+    assert cached.stat().st_size > 100_000
+    first = cached.stat().st_mtime_ns
+    run()  # deserialized: not written again
+    assert cached.stat().st_mtime_ns == first
+    cached.write_bytes(b"not a compiled module")
+    run()
+    assert cached.stat().st_size > 100_000
