@@ -3,7 +3,8 @@
 It never fetches anything: it shows a window of rows that its screen loads
 (`show_window`) and asks for another window with `WindowWanted` when the user scrolls
 past what is loaded. Rows keep their place on refresh; the cursor stays on the same
-execution when newer ones arrive above it.
+execution when newer ones arrive above it (unless it is on the first row at the top:
+then it follows the newest).
 """
 
 from __future__ import annotations
@@ -96,15 +97,17 @@ class ExecutionList(RowList):
     def show_window(self, total: int, offset: int, rows: list[ExecutionInfo]) -> None:
         """Rows [offset, offset + len(rows)) of a list of `total` rows.
 
-        The cursor stays on the execution it was on (a key pressed just after a refresh
-        acts on what was highlighted). At the top of the list the view stays there, so
-        that new executions come into sight; elsewhere it moves with the rows."""
+        On the first row at the top, the cursor follows the newest execution (a live
+        tail). Anywhere else it stays on the execution it was on, so that a key pressed
+        just after a refresh acts on what was highlighted; at the top the view stays
+        there, so that new executions come into sight, elsewhere it moves with the rows."""
         selected = self.selected
         at_top = self.first_visible == 0
+        following = at_top and self.cursor == 0
         self.total, self.start, self.rows = total, offset, rows
         self._wanted = None
         self.rows_changed()
-        if selected is not None:
+        if selected is not None and not following:
             index = self.index_of(selected["execution_id"])
             if index is not None and index != self.cursor:
                 if not at_top:

@@ -119,7 +119,9 @@ async def test_filter_order_and_clear(console_engine: Engine) -> None:
 async def test_pause_unpause_and_refusals_from_the_list(console_engine: Engine) -> None:
     engine = console_engine
     async with open_console(engine) as (app, pilot):
-        order, _ = await blocked_order(engine, pilot)
+        order, approval = await blocked_order(engine, pilot)
+        # Both listed before selecting: on the top row the cursor follows the newest.
+        await until(pilot, lambda: approval in listed(app), what="the approval child listed")
         await select(app, pilot, order)
         await pilot.press("p")
         await until(pilot, lambda: any(f"paused {order}" in n for n in notices(app)), what="paused")
@@ -411,16 +413,23 @@ async def test_help_and_quit(console_engine: Engine) -> None:
 
 async def test_the_cursor_stays_on_its_execution_when_new_ones_arrive(console_engine: Engine) -> None:
     engine = console_engine
-    first = await engine.submit(APPROVE, ["1"])
+    older = [await engine.submit(APPROVE, [str(i)]) for i in range(2)]
     async with open_console(engine) as (app, pilot):
         lst = app.screen.query_one(ExecutionList)
-        await until(pilot, lambda: listed(app) == [first], what="the first")
-        assert lst.selected is not None and lst.selected["execution_id"] == first
-        newer = [await engine.submit(APPROVE, [str(i)]) for i in range(3)]
-        await until(pilot, lambda: len(listed(app)) == 4, what="the newer ones")
-        assert lst.selected["execution_id"] == first and lst.cursor == 3  # type: ignore[index]
+        await until(pilot, lambda: listed(app) == older[::-1], what="the first two")
+        await pilot.press("j")  # on the older one: it stays selected
+        assert lst.selected is not None and lst.selected["execution_id"] == older[0]
+        newer = [await engine.submit(APPROVE, [f"n{i}"]) for i in range(3)]
+        await until(pilot, lambda: len(listed(app)) == 5, what="the newer ones")
+        assert lst.selected["execution_id"] == older[0] and lst.cursor == 4  # type: ignore[index]
         assert lst.first_visible == 0 and listed(app)[0] == newer[-1]  # the view stays on top
         await pilot.press("p")
-        await until(pilot, lambda: any(f"paused {first}" in n for n in notices(app)), what="paused")
-        assert await state_of(engine, first) == "paused"
+        await until(pilot, lambda: any(f"paused {older[0]}" in n for n in notices(app)),
+                    what="paused")
+        assert await state_of(engine, older[0]) == "paused"
         assert {await state_of(engine, x) for x in newer} == {"pending_at"}
+
+        await pilot.press("g")  # on the first row at the top: follows the newest
+        latest = await engine.submit(APPROVE, ["latest"])
+        await until(pilot, lambda: listed(app)[:1] == [latest], what="the latest")
+        assert lst.cursor == 0 and lst.selected["execution_id"] == latest  # type: ignore[index]
