@@ -17,9 +17,25 @@ from engine.core import events as ev
 log = logging.getLogger("obelisk.storage")
 
 
+class _PendingFlag:
+    """One waiting task's wake-up for some FFQNs. It stays set until that task waits
+    again, so a notification that comes while the task is busy (locking, between two
+    waits) is not lost: the writer does not wait for the loop between batches, so a
+    commit can be announced after the lock that ran before it returned, but before the
+    executor waits again."""
+
+    __slots__ = ("event", "ffqns")
+
+    def __init__(self, ffqns: tuple[str, ...]) -> None:
+        self.ffqns = ffqns
+        self.event = asyncio.Event()
+
+
 class Notifier:
     def __init__(self) -> None:
-        self._pending_waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._pending_waiters: dict[str, set[_PendingFlag]] = defaultdict(set)
+        #: Per waiting task (an executor's loop) and FFQNs.
+        self._pending_flags: dict[tuple[asyncio.Task[object], tuple[str, ...]], _PendingFlag] = {}
         self._result_waiters: dict[str, list[asyncio.Future[ev.ExecutionResult]]] = defaultdict(
             list
         )
@@ -30,26 +46,45 @@ class Notifier:
         self._generation = 0
         self._changed = asyncio.Event()
 
+    def close(self) -> None:
+        """The storage closed: nothing more will be announced."""
+
     # -- pending work per FFQN ----------------------------------------------
     async def wait_pending(self, ffqns: Sequence[str], timeout: float) -> None:
-        event = asyncio.Event()
-        for f in ffqns:
-            self._pending_waiters[f].add(event)
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
-        finally:
+        """Return at the first notification for one of `ffqns` since this task's
+        previous call (at once if one came meanwhile), or after `timeout` seconds."""
+        flag = self._flag(tuple(ffqns))
+        if not flag.event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flag.event.wait(), timeout)
+        flag.event.clear()
+
+    def _flag(self, ffqns: tuple[str, ...]) -> _PendingFlag:
+        task = asyncio.current_task()
+        assert task is not None
+        key = (task, ffqns)
+        flag = self._pending_flags.get(key)
+        if flag is None:
+            flag = self._pending_flags[key] = _PendingFlag(ffqns)
             for f in ffqns:
-                waiters = self._pending_waiters.get(f)
-                if waiters is not None:
-                    waiters.discard(event)
-                    if not waiters:
-                        del self._pending_waiters[f]
+                self._pending_waiters[f].add(flag)
+            task.add_done_callback(lambda _t: self._drop_flag(key))
+        return flag
+
+    def _drop_flag(self, key: tuple[asyncio.Task[object], tuple[str, ...]]) -> None:
+        flag = self._pending_flags.pop(key, None)
+        if flag is None:
+            return
+        for f in flag.ffqns:
+            waiters = self._pending_waiters.get(f)
+            if waiters is not None:
+                waiters.discard(flag)
+                if not waiters:
+                    del self._pending_waiters[f]
 
     def pending(self, ffqn: str) -> None:
-        for event in self._pending_waiters.get(ffqn, ()):
-            event.set()
+        for flag in self._pending_waiters.get(ffqn, ()):
+            flag.event.set()
 
     # -- results --------------------------------------------------------------
     def result_future(self, execution_id: str) -> asyncio.Future[ev.ExecutionResult]:
@@ -131,8 +166,8 @@ class Notifier:
         """Wake every executor and workflow waiting, to re-check the database (a backend
         whose cross-process notifications may have been lost)."""
         for waiters in list(self._pending_waiters.values()):
-            for event in waiters:
-                event.set()
+            for flag in waiters:
+                flag.event.set()
         for responses in list(self._response_waiters.values()):
             for event in responses:
                 event.set()

@@ -1,12 +1,14 @@
 """SQLite backend: WAL, `synchronous=FULL`, group commit, in-process notifications.
 
-All writes go through one writer task. Callers enqueue *logical transactions* (plain
-functions run on the writer connection's thread); the writer drains the queue and runs
-everything queued as one physical transaction. A failing logical transaction is rolled
-back alone and cannot poison the batch: the batch then runs again with a SAVEPOINT per
-logical transaction (`_run_batch`; the usual batch, where none fails, needs none). While
-one batch is being fsynced, the next one accumulates: concurrency turns into larger
-commits, not into more fsyncs. Readers use a second connection and never block writers.
+All writes go through one writer thread (`_Writer`). Callers enqueue *logical
+transactions* (plain functions run on the writer's connection); the writer drains the
+queue and runs everything queued as one physical transaction. A failing logical
+transaction is rolled back alone and cannot poison the batch: the batch then runs again
+with a SAVEPOINT per logical transaction (`_run_batch`; the usual batch, where none fails,
+needs none). While one batch is being fsynced, the next one accumulates: concurrency turns
+into larger commits, not into more fsyncs. The writer does not wait for the event loop
+between batches: outcomes and notifications reach the loop in one callback per batch, in
+commit order. Readers use a second connection (aiosqlite) and never block writers.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import contextlib
 import dataclasses
 import logging
 import os
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -184,19 +188,188 @@ _Notes = Notes
 @dataclass(slots=True)
 class _Tx:
     fn: Callable[[sqlite3.Connection, _Notes], Any]
+    #: The caller's future (a caller on the event loop).
+    future: asyncio.Future[Any] | None
+    #: Events it appends (benchmark counters, counted once committed).
+    events: int = 0
+
+
+@dataclass(slots=True)
+class _Call:
+    """Something to run on the writer's connection outside any batch (setup, tests)."""
+
+    fn: Callable[[sqlite3.Connection], Any]
     future: asyncio.Future[Any]
+
+
+_Outcome = tuple[bool, Any, _Notes]
+
+
+def _no_delivery(batch: list[_Tx], outcomes: list[_Outcome], wrote: bool, committed: bool) -> None:
+    for tx, (ok, value, _) in zip(batch, outcomes, strict=True):
+        if tx.future is not None:
+            _settle(tx.future, ok, value)
+
+
+def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if fut.done():  # the caller was cancelled
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
+
+
+class _Writer:
+    """The write connection on a thread of its own, fed by a thread-safe queue.
+
+    The thread takes everything queued (up to `max_batch`) as one physical transaction,
+    commits it, and hands the outcomes to `deliver` on the event loop with one
+    `call_soon_threadsafe` per batch; it then goes on with the next batch at once
+    instead of waiting for the loop to ask for it (as a loop task feeding aiosqlite
+    did: a writer→loop→writer hop per batch, and a thread wake-up per logical
+    transaction submitted). `None` in the queue stops it after what was queued before.
+    """
+
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop, max_batch: int) -> None:
+        self.path = path
+        self.loop = loop
+        #: Set by the storage once open: (batch, outcomes, wrote, committed), on the loop.
+        self.deliver: Callable[[list[_Tx], list[_Outcome], bool, bool], None] = _no_delivery
+        self.max_batch = max_batch
+        self.conn: sqlite3.Connection | None = None
+        self._queue: queue.SimpleQueue[_Tx | _Call | None] = queue.SimpleQueue()
+        #: Serialises `put` against `stop`: nothing can be queued after the `None`.
+        self._lock = threading.Lock()
+        self._accepting = False
+        self.stopped: asyncio.Future[None] = loop.create_future()
+        self._thread = threading.Thread(target=self._main, name="obelisk-sqlite-writer", daemon=True)
+
+    @property
+    def running(self) -> bool:
+        return self._accepting and self._thread.is_alive()
+
+    async def start(self) -> None:
+        connected: asyncio.Future[None] = self.loop.create_future()
+        self._connected = connected
+        self._accepting = True
+        self._thread.start()
+        await connected
+
+    def put(self, item: _Tx | _Call) -> bool:
+        """Queue `item`; False when the writer has stopped taking work."""
+        with self._lock:
+            if not self._accepting:
+                return False
+            self._queue.put(item)
+            return True
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        fut: asyncio.Future[T] = self.loop.create_future()
+        if not self.put(_Call(fn, fut)):
+            raise StorageError(f"the writer of database {self.path} is not running")
+        return await fut
+
+    async def stop(self) -> None:
+        with self._lock:
+            if self._accepting:
+                self._accepting = False
+                self._queue.put(None)
+        if self._thread.is_alive() or not self.stopped.done():
+            await asyncio.shield(self.stopped)
+
+    # -- on the writer thread ------------------------------------------------------------
+    def _to_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def _main(self) -> None:
+        try:
+            self.conn = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False
+            )
+        except BaseException as e:
+            with self._lock:
+                self._accepting = False
+            self._to_loop(_settle, self._connected, False, e)
+            self._to_loop(_settle, self.stopped, True, None)
+            return
+        self._to_loop(_settle, self._connected, True, None)
+        try:
+            self._serve(self.conn)
+        finally:
+            with self._lock:
+                self._accepting = False
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.close()
+            # Whatever is still queued (the thread died): its callers get an error.
+            leftovers: list[_Tx] = []
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, _Call):
+                    self._to_loop(_settle, item.future, False, StorageError("storage closed"))
+                elif item is not None:
+                    leftovers.append(item)
+            if leftovers:
+                error = StorageError("storage closed")
+                failed = [(False, error, _Notes()) for _ in leftovers]
+                self._to_loop(self.deliver, leftovers, failed, False, False)
+            self._to_loop(_settle, self.stopped, True, None)
+
+    def _serve(self, conn: sqlite3.Connection) -> None:
+        get, get_nowait = self._queue.get, self._queue.get_nowait
+        carry: _Tx | _Call | None = None
+        while True:
+            item = carry if carry is not None else get()
+            carry = None
+            if item is None:
+                return
+            if isinstance(item, _Call):
+                try:
+                    value, ok = item.fn(conn), True
+                except BaseException as e:
+                    value, ok = e, False
+                self._to_loop(_settle, item.future, ok, value)
+                continue
+            batch = [item]
+            stop = False
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                if isinstance(nxt, _Call):
+                    carry = nxt
+                    break
+                batch.append(nxt)
+            self._commit(conn, batch)
+            if stop:
+                return
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[_Tx]) -> None:
+        try:
+            outcomes, wrote = _run_batch_counting(conn, batch)
+            committed = True
+        except Exception as e:  # the connection itself failed
+            error = StorageError(f"database write failed: {e}")
+            outcomes, wrote, committed = [(False, error, _Notes()) for _ in batch], False, False
+        self._to_loop(self.deliver, batch, outcomes, wrote, committed)
 
 
 class SqliteStorage:
     """The embedded default backend. Open with `await SqliteStorage.open(path)`."""
 
-    def __init__(self, path: Path, writer: aiosqlite.Connection, reader: aiosqlite.Connection):
+    def __init__(self, path: Path, reader: aiosqlite.Connection) -> None:
         self.path = path
-        self._writer = writer
         self._reader = reader
-        self._queue: asyncio.Queue[_Tx | None] = asyncio.Queue()  # None: stop
         self.notifier = Notifier()
-        self._writer_task: asyncio.Task[None] | None = None
+        self._writer: _Writer | None = None
         self._finished_poller: asyncio.Task[None] | None = None
         self._summary_reads: dict[str, list[asyncio.Future[ExecutionSummary]]] = {}
         self._summary_read_tasks: set[asyncio.Future[None]] = set()
@@ -210,33 +383,34 @@ class SqliteStorage:
         p = Path(path)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            writer = await _connect(p)
+            writer = _Writer(p, asyncio.get_running_loop(), max_batch)
+            await writer.start()
         except (OSError, sqlite3.Error) as e:
             raise StorageError(f"cannot open database {p}: {e}") from None
         try:
-            await writer.execute("PRAGMA busy_timeout = 10000")
-            await writer._execute(_set_wal, writer._conn, str(p))  # type: ignore[no-untyped-call]
-            await writer.execute("PRAGMA synchronous = FULL")
-            await writer.execute("PRAGMA foreign_keys = OFF")
-            await writer._execute(_migrate, writer._conn, str(p))  # type: ignore[no-untyped-call]
-            await writer._execute(_check_writable, writer._conn)  # type: ignore[no-untyped-call]
+            await writer.call(lambda c: c.execute("PRAGMA busy_timeout = 10000"))
+            await writer.call(lambda c: _set_wal(c, str(p)))
+            await writer.call(lambda c: c.execute("PRAGMA synchronous = FULL"))
+            await writer.call(lambda c: c.execute("PRAGMA foreign_keys = OFF"))
+            await writer.call(lambda c: _migrate(c, str(p)))
+            await writer.call(_check_writable)
             reader = await _connect(p)
         except sqlite3.Error as e:
-            await writer.close()
+            await writer.stop()
             raise StorageError(f"cannot use database {p}: {e}") from None
         except StorageError:
-            await writer.close()
+            await writer.stop()
             raise
         try:
             await reader.execute("PRAGMA busy_timeout = 10000")
             await reader.execute("PRAGMA query_only = ON")
         except sqlite3.Error as e:
             await reader.close()
-            await writer.close()
+            await writer.stop()
             raise StorageError(f"cannot use database {p}: {e}") from None
-        storage = cls(p, writer, reader)
-        storage._max_batch = max_batch
-        storage._writer_task = asyncio.create_task(storage._write_loop(), name="sqlite-writer")
+        storage = cls(p, reader)
+        writer.deliver = storage._deliver  # no batch was queued before this
+        storage._writer = writer
         return storage
 
     async def close(self) -> None:
@@ -247,73 +421,41 @@ class SqliteStorage:
             self._finished_poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._finished_poller
-        task = self._writer_task
-        if task is not None and not task.done():
-            # Let the writer finish what was queued before the close, then stop: every
+        if self._writer is not None:
+            # The writer finishes what was queued before the close, then stops: every
             # caller gets its outcome instead of awaiting a future nobody completes.
-            self._queue.put_nowait(None)
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                task.cancel()
-                raise
-            except Exception:  # the writer died: its callers are failed below
-                pass
-        while not self._queue.empty():
-            tx = self._queue.get_nowait()
-            if tx is not None and not tx.future.done():
-                tx.future.set_exception(StorageError("storage closed"))
+            await self._writer.stop()
+        self.notifier.close()
         await self._reader.close()
-        await self._writer.close()
 
     # -- group commit -------------------------------------------------------------
-    _max_batch = 1000
-
-    async def _write(self, fn: Callable[[sqlite3.Connection, _Notes], T]) -> T:
+    async def _write(self, fn: Callable[[sqlite3.Connection, _Notes], T], events: int = 0) -> T:
         if self._closed:
             raise StorageError("storage closed")
-        if self._writer_task is None or self._writer_task.done():
+        writer = self._writer
+        if writer is None or not writer.running:
             raise StorageError(f"the writer of database {self.path} is not running")
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Tx(fn, fut))
+        fut: asyncio.Future[T] = writer.loop.create_future()
+        if not writer.put(_Tx(fn, fut, events)):
+            raise StorageError("storage closed")
         return await fut
 
-    async def _write_loop(self) -> None:
-        stop = False
-        while not stop:
-            queued = [await self._queue.get()]
-            while len(queued) < self._max_batch and not self._queue.empty():
-                queued.append(self._queue.get_nowait())
-            # `None` is queued by close(), always last: nothing can be queued after it.
-            batch = [tx for tx in queued if tx is not None]
-            stop = len(batch) < len(queued)
-            if batch:
-                await self._commit_batch(batch)
-
-    async def _commit_batch(self, batch: list[_Tx]) -> None:
-        try:
-            outcomes, wrote = await self._writer._execute(  # type: ignore[no-untyped-call]
-                _run_batch_counting, self._writer._conn, batch
-            )
-        except Exception as e:  # the connection itself failed
-            for tx in batch:
-                if not tx.future.done():
-                    tx.future.set_exception(StorageError(f"database write failed: {e}"))
-            return
-        self.stats["commits"] += 1
-        self.stats["logical"] += len(batch)
+    def _deliver(
+        self, batch: list[_Tx], outcomes: list[_Outcome], wrote: bool, committed: bool
+    ) -> None:
+        """On the loop, once per batch, in commit order: notifications, then outcomes."""
+        if committed:
+            self.stats["commits"] += 1
+            self.stats["logical"] += len(batch)
         for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
             if ok:
+                self.stats["events"] += tx.events
                 try:
                     self._announce(notes)
                 except Exception:  # a waiter's bug must not stop the writer
                     log.exception("notification after commit failed")
-            if tx.future.done():
-                continue
-            if ok:
-                tx.future.set_result(value)
-            else:
-                tx.future.set_exception(value)
+            if tx.future is not None:
+                _settle(tx.future, ok, value)
         if wrote:  # an idle executor's empty lock_pending is no change to watch
             self.notifier.changed()
 
@@ -362,14 +504,14 @@ class SqliteStorage:
         now: datetime,
         extras: AppendExtras | None = None,
     ) -> ExecutionSummary:
-        self.stats["events"] += len(events)
         backtraces = (
             _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
         )
         return await self._write(
             lambda c, n: _append(
                 c, n, execution_id, expected_version, list(events), now, extras, backtraces
-            )
+            ),
+            len(events),
         )
 
     async def append_response(
