@@ -69,9 +69,20 @@ class Notes:
     pending: set[str] = field(default_factory=set)
     finished: list[tuple[str, ev.ExecutionResult]] = field(default_factory=list)
     responses: set[str] = field(default_factory=set)
+    #: The responses written, as a read would return them (for `Notifier.post_responses`:
+    #: a waiting workflow run gets them without reading them back).
+    response_items: list[tuple[str, ev.StoredResponse]] = field(default_factory=list)
     cancelled: set[str] = field(default_factory=set)
     #: Cancelling executions that changed (for the cancellation driver).
     cancelling: set[str] = field(default_factory=set)
+
+
+def grouped_responses(notes: Notes) -> dict[str, list[ev.StoredResponse]]:
+    """`notes.response_items` by execution, in write order."""
+    out: dict[str, list[ev.StoredResponse]] = {}
+    for execution_id, item in notes.response_items:
+        out.setdefault(execution_id, []).append(item)
+    return out
 
 
 def projection(s: ExecutionSummary) -> tuple[str, int | None, int | None]:

@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 
 from engine.core import events as ev
 from engine.core.state import ExecutionSummary, PendingState
+from engine.storage.notify import ResponseInbox
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import Frame
 
@@ -210,6 +211,18 @@ class Storage(Protocol):
         """Append events at `expected_version`. A `finished` of a child also writes the
         parent's response; child requests create the children (in `extras.creates`)."""
 
+    def append_from_thread(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> ExecutionSummary:
+        """`append` for a caller on a thread other than the event loop's (a workflow
+        run on its worker thread): blocks that thread until the outcome. A backend may
+        skip the loop (SQLite: its writer thread answers the caller directly)."""
+
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
     ) -> None:
@@ -325,6 +338,15 @@ class Storage(Protocol):
     async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
         """Return when an execution of one of `ffqns` may have become pending, or after
         `timeout` seconds (other processes sharing the database do not notify)."""
+
+    def open_inbox(self, execution_id: str) -> ResponseInbox:
+        """Subscribe a workflow run (on its worker thread) to the responses of
+        `execution_id` committed from now on: the backend posts each one, or pokes the
+        inbox when it only knows that some arrived (the run then reads them). Responses
+        committed before, and those of other processes it is not told about, must be
+        read (`get_responses`). Close it with `close_inbox`."""
+
+    def close_inbox(self, execution_id: str, inbox: ResponseInbox) -> None: ...
 
     def subscribe_cancellations(self) -> CancellationListener: ...
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -31,6 +32,48 @@ class _PendingFlag:
         self.event = asyncio.Event()
 
 
+class ResponseInbox:
+    """The responses of one execution as they commit, for its workflow run waiting on a
+    worker thread: the backend hands them over (`post`, thread-safe) instead of waking a
+    loop task that reads them back from the database and wakes the thread in turn.
+    When a backend only learns that responses arrived (another process, a reconnect) it
+    `poke`s: the run must read the database. `wake` (an interrupt) ends a `take`."""
+
+    __slots__ = ("_cond", "_items", "_poked", "_woken")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._items: list[ev.StoredResponse] = []
+        self._poked = False
+        self._woken = False
+
+    def post(self, items: Sequence[ev.StoredResponse]) -> None:
+        with self._cond:
+            self._items.extend(items)
+            self._cond.notify_all()
+
+    def poke(self) -> None:
+        with self._cond:
+            self._poked = True
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+    def take(self, timeout: float) -> tuple[list[ev.StoredResponse], bool]:
+        """What was posted, and whether it was poked, since the last `take`; waits up to
+        `timeout` seconds for either (or a `wake`) when there is none."""
+        with self._cond:
+            if timeout > 0 and not (self._items or self._poked or self._woken):
+                self._cond.wait(timeout)
+            items, self._items = self._items, []
+            poked, self._poked = self._poked, False
+            self._woken = False
+            return items, poked
+
+
 class Notifier:
     def __init__(self) -> None:
         self._pending_waiters: dict[str, set[_PendingFlag]] = defaultdict(set)
@@ -45,6 +88,9 @@ class Notifier:
         self._cancelling_changed = asyncio.Event()
         self._generation = 0
         self._changed = asyncio.Event()
+        #: Thread-safe: posted to from a backend's writer thread.
+        self._inboxes: dict[str, list[ResponseInbox]] = {}
+        self._inbox_lock = threading.Lock()
 
     def close(self) -> None:
         """The storage closed: nothing more will be announced."""
@@ -123,9 +169,45 @@ class Notifier:
             if not waiters:
                 del self._response_waiters[execution_id]
 
-    def response(self, execution_id: str) -> None:
+    def response(self, execution_id: str, *, posted: bool = False) -> None:
+        """Responses to `execution_id` committed: wake its waiters. `posted`: the
+        backend already handed them to its inboxes (`post_responses`); otherwise the
+        inboxes are poked to read them from the database."""
         for event in self._response_waiters.get(execution_id, ()):
             event.set()
+        if not posted:
+            self._poke(execution_id)
+
+    # -- response inboxes (workflow runs on worker threads) -------------------
+    def open_inbox(self, execution_id: str) -> ResponseInbox:
+        inbox = ResponseInbox()
+        with self._inbox_lock:
+            self._inboxes.setdefault(execution_id, []).append(inbox)
+        return inbox
+
+    def close_inbox(self, execution_id: str, inbox: ResponseInbox) -> None:
+        with self._inbox_lock:
+            inboxes = self._inboxes.get(execution_id)
+            if inboxes and inbox in inboxes:
+                inboxes.remove(inbox)
+                if not inboxes:
+                    del self._inboxes[execution_id]
+
+    def post_responses(self, execution_id: str, items: Sequence[ev.StoredResponse]) -> None:
+        """Hand committed responses to the inboxes of `execution_id` (any thread)."""
+        with self._inbox_lock:
+            inboxes = list(self._inboxes.get(execution_id, ()))
+        for inbox in inboxes:
+            inbox.post(items)
+
+    def _poke(self, execution_id: str | None = None) -> None:
+        with self._inbox_lock:
+            if execution_id is None:
+                inboxes = [i for group in self._inboxes.values() for i in group]
+            else:
+                inboxes = list(self._inboxes.get(execution_id, ()))
+        for inbox in inboxes:
+            inbox.poke()
 
     # -- cancellation of running executions ----------------------------------
     def add(self, execution_id: str, callback: Callable[[], None]) -> None:
@@ -171,6 +253,7 @@ class Notifier:
         for responses in list(self._response_waiters.values()):
             for event in responses:
                 event.set()
+        self._poke()
         self._cancelling_changed.set()
 
     # -- generic change feed ---------------------------------------------------

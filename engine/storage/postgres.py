@@ -59,6 +59,7 @@ from engine.storage.common import (
     event_type,
     execution_row,
     frames_decoder,
+    grouped_responses,
     not_before,
     pause_events,
     prepare_backtraces,
@@ -84,7 +85,7 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
-from engine.storage.notify import Notifier
+from engine.storage.notify import Notifier, ResponseInbox
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import Frame
 
@@ -433,6 +434,7 @@ class PostgresStorage:
         self._background: set[asyncio.Future[Any]] = set()
         self._closed = False
         self._max_batch = 500
+        self._loop = asyncio.get_running_loop()
         #: The database server's clock minus ours, in seconds, measured at open.
         self.clock_skew = 0.0
         #: Counters for benchmarks and tests.
@@ -639,8 +641,11 @@ class PostgresStorage:
             self.notifier.pending(ffqn)
         for execution_id, result in notes.finished:
             self.notifier.finished(execution_id, result)
+        posted = grouped_responses(notes)
+        for execution_id, items in posted.items():
+            self.notifier.post_responses(execution_id, items)
         for execution_id in notes.responses:
-            self.notifier.response(execution_id)
+            self.notifier.response(execution_id, posted=execution_id in posted)
         for execution_id in notes.cancelled:
             self.notifier.cancelled(execution_id)
         for execution_id in notes.cancelling:
@@ -805,6 +810,18 @@ class PostgresStorage:
             ),
             _with_parent(execution_id) if finishes else (execution_id,),
         )
+
+    def append_from_thread(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> ExecutionSummary:
+        # asyncpg lives on the loop: the append runs there.
+        coro = self.append(execution_id, expected_version, events, now, extras)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
@@ -1190,6 +1207,12 @@ class PostgresStorage:
 
     async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
         await self.notifier.wait_pending(ffqns, timeout)
+
+    def open_inbox(self, execution_id: str) -> ResponseInbox:
+        return self.notifier.open_inbox(execution_id)
+
+    def close_inbox(self, execution_id: str, inbox: ResponseInbox) -> None:
+        self.notifier.close_inbox(execution_id, inbox)
 
     def subscribe_cancellations(self) -> Notifier:
         return self.notifier
@@ -1699,6 +1722,10 @@ async def _append(
     if due_delays:
         # The cursors the summary counted: the last len(due_delays) ones.
         first_cursor = s.responses - len(due_delays) + 1
+        notes.response_items += [
+            (execution_id, ev.StoredResponse(first_cursor + i, dt(t), d))
+            for i, d in enumerate(due_delays)
+        ]
         await c.write(
             "INSERT INTO responses (execution_id, cursor, created_at, source_id, response) "
             "SELECT $1, c, $2, src, r FROM unnest($3::int[], $4::text[], $5::bytea[]) "
@@ -1781,6 +1808,8 @@ async def _add_response(
         raise Conflict(f"execution {execution_id} already has a response for {source}")
     c.wrote = True
     notes.responses.add(execution_id)
+    stored = ev.StoredResponse(s.responses, dt(us(at)), response)
+    notes.response_items.append((execution_id, stored))
     if isinstance(s.state, PendingAt):
         notes.pending.add(s.ffqn)
     if s.cancelling:

@@ -50,6 +50,7 @@ from engine.storage.common import (
     event_type,
     execution_row,
     frames_decoder,
+    grouped_responses,
     not_before,
     pause_events,
     prepare_backtraces,
@@ -74,7 +75,7 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
-from engine.storage.notify import Notifier
+from engine.storage.notify import Notifier, ResponseInbox
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import Frame
 
@@ -183,15 +184,41 @@ _dt = dt
 _not_before = not_before
 _projection = projection
 _Notes = Notes
+_grouped_responses = grouped_responses
+
+
+class _ThreadReply:
+    """The outcome of a logical transaction for a caller blocked on another thread: the
+    writer hands it over directly (a lock released), without a hop through the loop."""
+
+    __slots__ = ("_done", "ok", "value")
+
+    def __init__(self) -> None:
+        self._done = threading.Lock()
+        self._done.acquire()
+        self.ok = False
+        self.value: Any = None
+
+    def set(self, ok: bool, value: Any) -> None:
+        self.ok, self.value = ok, value
+        self._done.release()
+
+    def wait(self) -> Any:
+        self._done.acquire()
+        if self.ok:
+            return self.value
+        raise self.value
 
 
 @dataclass(slots=True)
 class _Tx:
     fn: Callable[[sqlite3.Connection, _Notes], Any]
-    #: The caller's future (a caller on the event loop).
+    #: The caller's future (a caller on the event loop) ...
     future: asyncio.Future[Any] | None
     #: Events it appends (benchmark counters, counted once committed).
     events: int = 0
+    #: ... or its reply (a caller on another thread).
+    reply: _ThreadReply | None = None
 
 
 @dataclass(slots=True)
@@ -209,6 +236,8 @@ def _no_delivery(batch: list[_Tx], outcomes: list[_Outcome], wrote: bool, commit
     for tx, (ok, value, _) in zip(batch, outcomes, strict=True):
         if tx.future is not None:
             _settle(tx.future, ok, value)
+        if tx.reply is not None:
+            tx.reply.set(ok, value)
 
 
 def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -236,6 +265,8 @@ class _Writer:
         self.loop = loop
         #: Set by the storage once open: (batch, outcomes, wrote, committed), on the loop.
         self.deliver: Callable[[list[_Tx], list[_Outcome], bool, bool], None] = _no_delivery
+        #: Set by the storage: committed responses to waiting runs, from this thread.
+        self.post_responses: Callable[[str, list[ev.StoredResponse]], None] | None = None
         self.max_batch = max_batch
         self.conn: sqlite3.Connection | None = None
         self._queue: queue.SimpleQueue[_Tx | _Call | None] = queue.SimpleQueue()
@@ -315,6 +346,9 @@ class _Writer:
                     leftovers.append(item)
             if leftovers:
                 error = StorageError("storage closed")
+                for tx in leftovers:
+                    if tx.reply is not None:
+                        tx.reply.set(False, error)
                 failed = [(False, error, _Notes()) for _ in leftovers]
                 self._to_loop(self.deliver, leftovers, failed, False, False)
             self._to_loop(_settle, self.stopped, True, None)
@@ -359,6 +393,15 @@ class _Writer:
         except Exception as e:  # the connection itself failed
             error = StorageError(f"database write failed: {e}")
             outcomes, wrote, committed = [(False, error, _Notes()) for _ in batch], False, False
+        # Waiting workflow runs and callers on other threads first, straight from here:
+        # they need nothing from the loop.
+        post = self.post_responses
+        for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
+            if ok and notes.response_items and post is not None:
+                for execution_id, items in _grouped_responses(notes).items():
+                    post(execution_id, items)
+            if tx.reply is not None:
+                tx.reply.set(ok, value)
         self._to_loop(self.deliver, batch, outcomes, wrote, committed)
 
 
@@ -410,6 +453,7 @@ class SqliteStorage:
             raise StorageError(f"cannot use database {p}: {e}") from None
         storage = cls(p, reader)
         writer.deliver = storage._deliver  # no batch was queued before this
+        writer.post_responses = storage.notifier.post_responses
         storage._writer = writer
         return storage
 
@@ -465,7 +509,8 @@ class SqliteStorage:
         for execution_id, result in notes.finished:
             self.notifier.finished(execution_id, result)
         for execution_id in notes.responses:
-            self.notifier.response(execution_id)
+            # The writer thread posted them to the waiting runs already.
+            self.notifier.response(execution_id, posted=True)
         for execution_id in notes.cancelled:
             self.notifier.cancelled(execution_id)
         for execution_id in notes.cancelling:
@@ -513,6 +558,34 @@ class SqliteStorage:
             ),
             len(events),
         )
+
+    def append_from_thread(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> ExecutionSummary:
+        backtraces = (
+            _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
+        )
+        writer = self._writer
+        if self._closed or writer is None or not writer.running:
+            raise StorageError("storage closed")
+        reply = _ThreadReply()
+        tx = _Tx(
+            lambda c, n: _append(
+                c, n, execution_id, expected_version, list(events), now, extras, backtraces
+            ),
+            None,
+            len(events),
+            reply,
+        )
+        if not writer.put(tx):
+            raise StorageError("storage closed")
+        summary: ExecutionSummary = reply.wait()
+        return summary
 
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
@@ -897,6 +970,12 @@ class SqliteStorage:
 
     async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
         await self.notifier.wait_pending(ffqns, timeout)
+
+    def open_inbox(self, execution_id: str) -> ResponseInbox:
+        return self.notifier.open_inbox(execution_id)
+
+    def close_inbox(self, execution_id: str, inbox: ResponseInbox) -> None:
+        self.notifier.close_inbox(execution_id, inbox)
 
     def subscribe_cancellations(self) -> Notifier:
         return self.notifier
@@ -1475,11 +1554,12 @@ def _add_response(
         s = apply_response(s, response, now)
     except IllegalAppend as e:
         raise Conflict(f"execution {execution_id}: {e}") from None
+    t = _us(now)
     try:
         conn.execute(
             "INSERT INTO responses (execution_id, cursor, created_at, source_id, response) "
             "VALUES (?,?,?,?,?)",
-            (execution_id, s.responses, _us(now), source, ev.encode(response)),
+            (execution_id, s.responses, t, source, ev.encode(response)),
         )
     except sqlite3.IntegrityError:
         raise Conflict(f"execution {execution_id} already has a response for {source}") from None
@@ -1487,6 +1567,7 @@ def _add_response(
         conn.execute("DELETE FROM delays WHERE delay_id = ?", (response.delay_id,))
     _write_summary(conn, execution_id, s, now)
     notes.responses.add(execution_id)
+    notes.response_items.append((execution_id, ev.StoredResponse(s.responses, _dt(t), response)))
     if isinstance(s.state, PendingAt):
         notes.pending.add(s.ffqn)
     if s.cancelling:

@@ -78,6 +78,7 @@ class WorkflowExecutor(BaseExecutor):
             )
         finally:
             self._on_stop.pop(locked.execution_id, None)
+            host.close()
         if self._stopping and host.aborted is not None and host.aborted.kind == "closing":
             with contextlib.suppress(Conflict):
                 await self.storage.append(

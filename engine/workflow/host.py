@@ -40,6 +40,7 @@ from engine.storage.contract import (
     StorageError,
     VersionConflict,
 )
+from engine.storage.notify import ResponseInbox
 from engine.wit.codec import WitValueError, validate_json
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import (
@@ -63,6 +64,9 @@ T = TypeVar("T")
 LOCK_EXTENSION_LEEWAY = timedelta(milliseconds=100)
 #: Buffered events are written once this many are waiting, even without a blocking call.
 MAX_BUFFERED = 200
+#: Seconds a waiting run goes without looking at the database (responses written by
+#: other processes sharing it are not posted to its inbox).
+RESPONSE_RECHECK = 1.0
 
 
 class Nondeterminism(Exception):
@@ -163,6 +167,12 @@ class ReplayHost:
         #: blocking call; until then the execution is PendingAt, due at the old expiry).
         self._extension_due = False
         self._waiting: concurrent.futures.Future[Any] | None = None
+        #: Responses committed once it is open come here (no database read, no loop
+        #: hop); opened before the first write or wait (a replay may need neither)...
+        self._inbox: ResponseInbox | None = None
+        #: ... and the database may know responses the inbox did not bring: those
+        #: committed before it opened, those of other processes.
+        self._stale = True
         #: While set, `flush` raises `_StaleView` for an append the state machine refused.
         self._stale_ok = False
         self.on_interrupt: list[Any] = []  # runtime callbacks (e.g. stop spinning JS)
@@ -187,6 +197,16 @@ class ReplayHost:
         finally:
             self._waiting = None
 
+    def close(self) -> None:
+        """The run is over: no more responses for it."""
+        if self._inbox is not None:
+            self.storage.close_inbox(self.execution_id, self._inbox)
+
+    def _open_inbox(self) -> ResponseInbox:
+        if self._inbox is None:
+            self._inbox = self.storage.open_inbox(self.execution_id)
+        return self._inbox
+
     def interrupt(self, kind: str, detail: str = "") -> None:
         """Stop the run from outside (cancellation, pause, shutdown). Thread-safe."""
         if self.aborted is None:
@@ -195,6 +215,8 @@ class ReplayHost:
         waiting = self._waiting
         if waiting is not None:
             waiting.cancel()
+        if self._inbox is not None:
+            self._inbox.wake()
         for callback in self.on_interrupt:
             callback()
 
@@ -297,9 +319,11 @@ class ReplayHost:
             backtraces=[(i, frames) for i, frames in enumerate(stacks) if frames],
             component_digest=self.component_id.digest,
         )
+        self._open_inbox()  # before the commit: see below
         try:
-            summary = self._sync(
-                self.storage.append(self.execution_id, self.version, events, now, extras)
+            # Straight to the storage's writer from this thread (no hop through the loop).
+            summary = self.storage.append_from_thread(
+                self.execution_id, self.version, events, now, extras
             )
         except VersionConflict as e:
             raise self._abort("lock_lost", str(e)) from None
@@ -314,6 +338,10 @@ class ReplayHost:
         self.logs = []
         self._extension_due = False
         self.version = summary.next_version
+        # The inbox was open before this commit: every later response will come to it,
+        # so the database knows more only if it counted more responses than we have.
+        self._pull_inbox()
+        self._stale = summary.responses > self.max_cursor
         return summary
 
     def _extension(self, now: datetime) -> ev.Locked:
@@ -511,9 +539,43 @@ class ReplayHost:
         return None
 
     def _fetch_responses(self, timeout: float) -> None:
-        self._add_responses(
-            self._wait(self.storage.wait_for_response(self.execution_id, self.max_cursor, timeout))
-        )
+        """Bring in the responses that arrived, waiting up to `timeout` seconds for the
+        first new one. With `timeout` 0: what is committed now (the database is read
+        unless the inbox brought something)."""
+        inbox = self._open_inbox()
+        if self._pull_inbox():
+            return
+        if self._stale or timeout <= 0:
+            self._stale = False
+            found = self._sync(self.storage.get_responses(self.execution_id, self.max_cursor))
+            self._add_responses(found)
+            if found or timeout <= 0:
+                return
+        # Other processes sharing the database do not post: re-read now and then.
+        items, poked = inbox.take(min(timeout, RESPONSE_RECHECK))
+        if not (items or poked):
+            self._stale = True  # nothing came: look at the database next time
+        if not self._accept(items) or poked:
+            self._stale = True
+
+    def _pull_inbox(self) -> bool:
+        """Take what the inbox holds now; True when it brought a new response."""
+        items, poked = self._open_inbox().take(0)
+        before = self.max_cursor
+        if not self._accept(items) or poked:
+            self._stale = True
+        return self.max_cursor > before
+
+    def _accept(self, items: list[ev.StoredResponse]) -> bool:
+        """Add posted responses in cursor order; False on a gap (one we were not
+        given, e.g. written by another process: the database has it)."""
+        for r in sorted(items, key=lambda r: r.cursor):
+            if r.cursor <= self.max_cursor:
+                continue  # read from the database already
+            if r.cursor != self.max_cursor + 1:
+                return False
+            self._add_responses([r])
+        return True
 
     def _answer(self, js: _JoinSet, stored: ev.StoredResponse) -> JoinNextAnswer:
         r = stored.response

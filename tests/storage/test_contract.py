@@ -349,6 +349,28 @@ async def test_concurrent_appends_at_one_version_only_one_wins(storage: Storage)
     assert kinds(await storage.get_events(eid)) == ["created", "locked", "finished"]
 
 
+async def test_append_from_thread_writes_and_refuses_like_append(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    [child] = p.children
+    le = await lock(storage, child, 3)
+    with pytest.raises(VersionConflict):
+        await asyncio.to_thread(
+            storage.append_from_thread, child, le.next_version + 1, [ev.Finished(OK42)], at(4)
+        )
+    s = await asyncio.to_thread(
+        storage.append_from_thread, child, le.next_version, [ev.Finished(OK42)], at(4)
+    )
+    assert s == await storage.get_summary(child)
+    assert s.result == OK42
+    # The parent's response came with it, as with `append`.
+    [response] = await storage.get_responses(p.parent)
+    assert response.response == ev.ChildExecutionFinished(child, p.JOIN_SET, 2, OK42)
+    with pytest.raises(Conflict):  # nothing after finished
+        await asyncio.to_thread(
+            storage.append_from_thread, child, s.next_version, [ev.Finished(OK42)], at(5)
+        )
+
+
 async def test_append_illegal_transition_conflicts(storage: Storage) -> None:
     eid = await create(storage)
     # Unlocked needs a locked execution.
@@ -1188,6 +1210,60 @@ async def test_wait_for_pending_wakes_when_a_parent_is_unblocked(storage: Storag
     await asyncio.sleep(0)
     await storage.append(p.children[0], le.next_version, [ev.Finished(OK42)], at(4))
     await asyncio.wait_for(waiter, 5)
+
+
+async def test_wait_for_pending_keeps_a_wake_up_that_came_between_waits(
+    storage: Storage,
+) -> None:
+    # An executor is busy (locking) when the next execution is created: its next wait
+    # returns at once instead of sleeping through its tick.
+    await storage.wait_for_pending([ACTIVITY_FFQN], 0.01)  # subscribed, nothing came
+    await create(storage, ACTIVITY_FFQN)  # announced while nobody waits
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await storage.wait_for_pending([ACTIVITY_FFQN], 30)
+    assert loop.time() - start < 5
+    # Consumed: the next wait does wait.
+    start = loop.time()
+    await storage.wait_for_pending([ACTIVITY_FFQN], 0.2)
+    assert loop.time() - start >= 0.15
+
+
+async def test_inbox_gets_the_responses_committed_after_it_opened(storage: Storage) -> None:
+    p = await BlockedParent.build(storage, n_children=2)
+    c1, c2 = p.children
+    locked = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3)))
+    version = {le.execution_id: le.next_version for le in locked}
+    await storage.append(c1, version[c1], [ev.Finished(OK42)], at(4))
+    inbox = storage.open_inbox(p.parent)
+    try:
+        assert await asyncio.to_thread(inbox.take, 0) == ([], False)  # c1 came before
+        await storage.append(c2, version[c2], [ev.Finished(ev.ResultOk(7))], at(5))
+        items, poked = await asyncio.to_thread(inbox.take, 5)
+        # Exactly what a read returns, without reading.
+        assert items == (await storage.get_responses(p.parent))[1:]
+        assert [r.response.child_execution_id for r in items] == [c2]  # type: ignore[union-attr]
+        assert not poked
+        # `wake` (an interrupt) ends a wait at once.
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        waiting = asyncio.create_task(asyncio.to_thread(inbox.take, 30))
+        await asyncio.sleep(0.05)
+        inbox.wake()
+        assert await asyncio.wait_for(waiting, 5) == ([], False)
+        assert loop.time() - start < 5
+    finally:
+        storage.close_inbox(p.parent, inbox)
+
+
+async def test_closed_inbox_gets_nothing(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    [child] = p.children
+    le = await lock(storage, child, 3)
+    inbox = storage.open_inbox(p.parent)
+    storage.close_inbox(p.parent, inbox)
+    await storage.append(child, le.next_version, [ev.Finished(OK42)], at(4))
+    assert await asyncio.to_thread(inbox.take, 0) == ([], False)
 
 
 async def test_wait_for_pending_returns_after_timeout(storage: Storage) -> None:
