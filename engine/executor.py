@@ -26,6 +26,7 @@ from engine.core.state import Locked, on_lock_expired, on_temporary_failure
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
+    DirectLock,
     LockedExecution,
     NotFound,
     Storage,
@@ -119,6 +120,13 @@ class BaseExecutor:
         self._slot_freed = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Waiting for work with nothing due (its last lock found less than it asked for):
+        #: only then may creators lock for it directly (`ActivityExecutor.reserve`).
+        self._idle = False
+        #: Slots promised to direct locks whose transaction has not committed yet.
+        self._reserved = 0
+        self._reserve_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -127,12 +135,13 @@ class BaseExecutor:
     def start(self) -> None:
         # Which process holds a lock, when several share one database (SPEC §6).
         log.info("executor %s started: %s", self.name, self.executor_id)
-        self._task = asyncio.create_task(self._loop(), name=f"executor {self.name}")
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run_loop(), name=f"executor {self.name}")
 
-    async def _loop(self) -> None:
+    async def _run_loop(self) -> None:
         cfg = self.component.config.exec
         while not self._stopping:
-            free = min(cfg.batch_size, cfg.max_inflight - len(self._inflight))
+            free = min(cfg.batch_size, cfg.max_inflight - len(self._inflight) - self._reserved)
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -157,7 +166,11 @@ class BaseExecutor:
             for locked in batch:
                 self._spawn(locked)
             if len(batch) < free:
-                await self.storage.wait_for_pending(self.ffqns, cfg.tick_sleep_ms / 1000)
+                self._idle = True
+                try:
+                    await self.storage.wait_for_pending(self.ffqns, cfg.tick_sleep_ms / 1000)
+                finally:
+                    self._idle = False
 
     def _spawn(self, locked: LockedExecution) -> None:
         cancel = threading.Event()
@@ -192,8 +205,77 @@ class BaseExecutor:
             await asyncio.gather(*(t for _, (t, _) in inflight), return_exceptions=True)
 
 
+class _DirectLock:
+    """A slot of an activity executor promised to an execution being created (see
+    `engine.storage.contract.DirectLock`)."""
+
+    __slots__ = ("_executor", "locked")
+
+    def __init__(self, executor: ActivityExecutor, locked: ev.Locked) -> None:
+        self._executor = executor
+        self.locked = locked
+
+    def taken(self, execution: LockedExecution | None) -> None:
+        self._executor._direct_taken(execution)
+
+    def release(self) -> None:
+        self._executor._direct_release()
+
+
 class ActivityExecutor(BaseExecutor):
     """Runs the activities of one component."""
+
+    def reserve(self, now: datetime) -> DirectLock | None:
+        """A direct lock for an execution of this component about to be created at
+        `now` (any thread), or None. Only while the executor waits with nothing due, so
+        that nothing older is passed over (SPEC §4.2), and within `exec.max_inflight`."""
+        cfg = self.component.config.exec
+        with self._reserve_lock:
+            if (
+                self._stopping
+                or not self._idle
+                or len(self._inflight) + self._reserved >= cfg.max_inflight
+            ):
+                return None
+            self._reserved += 1
+        locked = ev.Locked(
+            self.component.component_id,
+            self.executor_id,
+            new_run_id(),
+            now + timedelta(milliseconds=cfg.lock_expiry_ms),
+            self.retry,
+        )
+        return _DirectLock(self, locked)
+
+    def _direct_taken(self, execution: LockedExecution | None) -> None:
+        """On the loop, after the commit."""
+        with self._reserve_lock:
+            self._reserved -= 1
+        if execution is None:
+            self._slot_freed.set()
+        elif self._stopping:
+            # Locked while shutting down: let go of it as any run would.
+            now = self.clock.now()
+            task = asyncio.create_task(
+                self.storage.append(
+                    execution.execution_id,
+                    execution.next_version,
+                    [ev.Unlocked(now, "executor closing")],
+                    now,
+                )
+            )
+            task.add_done_callback(_ignore_outcome)
+        else:
+            self._spawn(execution)
+
+    def _direct_release(self) -> None:
+        """The creating transaction failed (any thread)."""
+        with self._reserve_lock:
+            self._reserved -= 1
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # a closed loop
+                loop.call_soon_threadsafe(self._slot_freed.set)
 
     async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
         info = self.component.functions[locked.ffqn]
@@ -272,6 +354,11 @@ class ActivityExecutor(BaseExecutor):
         except (Conflict, NotFound):
             return False
         return True
+
+
+def _ignore_outcome(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a conflict here changes nothing
 
 
 def _in_thread(threads: Executor, fn: Callable[[], RunOutcome]) -> Awaitable[RunOutcome]:

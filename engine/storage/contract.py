@@ -38,10 +38,31 @@ class NotCancellable(StorageError):
     """Cancellation of something that is neither an activity nor a `-cancellable` workflow."""
 
 
+class DirectLock(Protocol):
+    """A lock that an executor of this process takes on an execution as it is created,
+    in the creating transaction: the execution runs at once, without being announced as
+    pending, woken for and locked by a transaction of its own (one commit less)."""
+
+    @property
+    def locked(self) -> ev.Locked:
+        """The `locked` event to append right after `created` (same timestamp)."""
+        ...
+
+    def taken(self, execution: LockedExecution | None) -> None:
+        """After the commit, on the event loop: the execution is now locked for the
+        executor (run it), or None: it existed already and nothing was locked."""
+
+    def release(self) -> None:
+        """The creating transaction failed: nothing was locked. Called by the creator
+        (any thread), never by the storage."""
+
+
 @dataclass(frozen=True, slots=True)
 class CreateRequest:
     execution_id: str
     created: ev.Created
+    #: Lock the new execution in the same transaction (its `created` must be due then).
+    lock: DirectLock | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,12 +88,17 @@ class Notifier:
         self._cancelling_changed = asyncio.Event()
         self._generation = 0
         self._changed = asyncio.Event()
+        #: Per FFQN: the wake-up for its earliest execution that is pending but not due.
+        self._later: dict[str, asyncio.TimerHandle] = {}
         #: Thread-safe: posted to from a backend's writer thread.
         self._inboxes: dict[str, list[ResponseInbox]] = {}
         self._inbox_lock = threading.Lock()
 
     def close(self) -> None:
         """The storage closed: nothing more will be announced."""
+        for timer in self._later.values():
+            timer.cancel()
+        self._later.clear()
 
     # -- pending work per FFQN ----------------------------------------------
     async def wait_pending(self, ffqns: Sequence[str], timeout: float) -> None:
@@ -131,6 +136,22 @@ class Notifier:
     def pending(self, ffqn: str) -> None:
         for flag in self._pending_waiters.get(ffqn, ()):
             flag.event.set()
+
+    def pending_later(self, ffqn: str, delay: float) -> None:
+        """An execution of `ffqn` becomes due in `delay` seconds: wake its executors
+        then (one timer per FFQN, for the earliest)."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        timer = self._later.get(ffqn)
+        if timer is not None:
+            if timer.when() <= when:
+                return
+            timer.cancel()
+        self._later[ffqn] = loop.call_at(when, self._fire_later, ffqn)
+
+    def _fire_later(self, ffqn: str) -> None:
+        self._later.pop(ffqn, None)
+        self.pending(ffqn)
 
     # -- results --------------------------------------------------------------
     def result_future(self, execution_id: str) -> asyncio.Future[ev.ExecutionResult]:

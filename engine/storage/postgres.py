@@ -53,8 +53,10 @@ from engine.core.state import (
 from engine.storage.common import (
     Notes,
     PreparedBacktrace,
+    announce_direct,
     cancel_events,
     check_unpause,
+    direct_locked,
     dt,
     event_type,
     execution_row,
@@ -74,6 +76,7 @@ from engine.storage.contract import (
     ComponentSource,
     Conflict,
     CreateRequest,
+    DirectLock,
     ExecutionRow,
     ExpiredDelay,
     ExpiredLock,
@@ -639,6 +642,8 @@ class PostgresStorage:
     def _announce(self, notes: Notes) -> None:
         for ffqn in notes.pending:
             self.notifier.pending(ffqn)
+        for ffqn, delay in notes.pending_later.items():
+            self.notifier.pending_later(ffqn, delay)
         for execution_id, result in notes.finished:
             self.notifier.finished(execution_id, result)
         posted = grouped_responses(notes)
@@ -650,6 +655,7 @@ class PostgresStorage:
             self.notifier.cancelled(execution_id)
         for execution_id in notes.cancelling:
             self.notifier.cancelling(execution_id)
+        announce_direct(notes)
 
     # -- the listener (other processes' commits) -----------------------------------------
     async def _listen_loop(self) -> None:
@@ -1500,38 +1506,58 @@ async def _create_many(
     if not unique:
         return
     t = us(now)
-    cols: list[list[Any]] = [[] for _ in range(9)]
+    cols: list[list[Any]] = [[] for _ in range(11)]
+    locked: dict[str, tuple[DirectLock, ExecutionSummary]] = {}
     for req in unique.values():
         created = req.created
         s = created_summary(created, now)
+        lock_blob: bytes | None = None
+        if req.lock is not None:
+            try:
+                s = apply_event(s, req.lock.locked, now)
+                locked[req.execution_id] = (req.lock, s)
+                lock_blob = ev.encode(req.lock.locked)
+            except IllegalAppend:  # not due yet: created pending
+                notes.direct.append((req.lock, None))
         state, pending_at, lock_expires_at = projection(s)
         for col, value in zip(
             cols,
             (
                 req.execution_id, created.ffqn, created.component_id.type,
                 created.parent[0] if created.parent else None, state, pending_at,
-                lock_expires_at, ev.encode(s), ev.encode(created),
+                lock_expires_at, ev.encode(s), ev.encode(created), s.next_version, lock_blob,
             ),
             strict=True,
         ):
             col.append(value)
     inserted = await c.write_rows(
         "WITH x AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
-        "$5::text[], $6::bigint[], $7::bigint[], $8::bytea[], $9::bytea[]) "
-        "AS x(id, ffqn, ctype, parent, state, pending_at, lock_expires_at, summary, created)), "
+        "$5::text[], $6::bigint[], $7::bigint[], $8::bytea[], $9::bytea[], $10::int[], "
+        "$11::bytea[]) AS x(id, ffqn, ctype, parent, state, pending_at, lock_expires_at, "
+        "summary, created, next_version, locked)), "
         "ins AS (INSERT INTO executions (execution_id, ffqn, component_type, parent_id, state, "
         "pending_at, lock_expires_at, next_version, created_at, updated_at, summary) "
-        "SELECT id, ffqn, ctype, parent, state, pending_at, lock_expires_at, 1, $10, $10, summary "
-        "FROM x ON CONFLICT (execution_id) DO NOTHING RETURNING execution_id), "
+        "SELECT id, ffqn, ctype, parent, state, pending_at, lock_expires_at, next_version, "
+        "$12, $12, summary FROM x ON CONFLICT (execution_id) DO NOTHING RETURNING execution_id), "
         "evs AS (INSERT INTO events (execution_id, version, created_at, event) "
-        "SELECT x.id, 0, $10, x.created FROM x JOIN ins ON ins.execution_id = x.id) "
+        "SELECT x.id, 0, $12, x.created FROM x JOIN ins ON ins.execution_id = x.id "
+        "UNION ALL SELECT x.id, 1, $12, x.locked FROM x JOIN ins ON ins.execution_id = x.id "
+        "WHERE x.locked IS NOT NULL) "
         "SELECT execution_id FROM ins",
         *cols,
         t,
     )
     done = {r[0] for r in inserted}
     for execution_id in done:
-        notes.pending.add(unique[execution_id].created.ffqn)
+        if execution_id in locked:
+            lock, s = locked[execution_id]
+            notes.direct.append((lock, direct_locked(unique[execution_id], lock, s)))
+        else:
+            created = unique[execution_id].created
+            notes.became_pending(created.ffqn, created.scheduled_at, now)
+    for execution_id, (lock, _) in locked.items():
+        if execution_id not in done:  # it existed already: not locked here
+            notes.direct.append((lock, None))
     existing = [eid for eid in unique if eid not in done]
     if not existing:
         return
@@ -1752,7 +1778,7 @@ async def _append(
                 now,
             )
     if isinstance(s.state, PendingAt):
-        notes.pending.add(s.ffqn)
+        notes.became_pending(s.ffqn, s.state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
     if extras and extras.logs:
@@ -1811,7 +1837,7 @@ async def _add_response(
     stored = ev.StoredResponse(s.responses, dt(us(at)), response)
     notes.response_items.append((execution_id, stored))
     if isinstance(s.state, PendingAt):
-        notes.pending.add(s.ffqn)
+        notes.became_pending(s.ffqn, s.state.scheduled_at, at)
     if s.cancelling:
         notes.cancelling.add(execution_id)
     return s

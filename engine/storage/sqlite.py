@@ -44,8 +44,10 @@ from engine.core.state import (
 from engine.storage.common import (
     Notes,
     PreparedBacktrace,
+    announce_direct,
     cancel_events,
     check_unpause,
+    direct_locked,
     dt,
     event_type,
     execution_row,
@@ -506,6 +508,8 @@ class SqliteStorage:
     def _announce(self, notes: _Notes) -> None:
         for ffqn in notes.pending:
             self.notifier.pending(ffqn)
+        for ffqn, delay in notes.pending_later.items():
+            self.notifier.pending_later(ffqn, delay)
         for execution_id, result in notes.finished:
             self.notifier.finished(execution_id, result)
         for execution_id in notes.responses:
@@ -515,6 +519,7 @@ class SqliteStorage:
             self.notifier.cancelled(execution_id)
         for execution_id in notes.cancelling:
             self.notifier.cancelling(execution_id)
+        announce_direct(notes)
 
     # -- writes -----------------------------------------------------------------------
     async def create(self, request: CreateRequest, now: datetime) -> None:
@@ -1217,6 +1222,13 @@ def _write_summary(
 def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: datetime) -> None:
     created = req.created
     s = created_summary(created, now)
+    lock = req.lock
+    if lock is not None:
+        try:
+            s = apply_event(s, lock.locked, now)
+        except IllegalAppend:  # not due yet (or a lock in the past): created pending
+            notes.direct.append((lock, None))
+            lock = None
     state, pending_at, lock_expires_at = _projection(s)
     parent_id = created.parent[0] if created.parent else None
     try:
@@ -1248,15 +1260,25 @@ def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: da
         old = ev.decode_event(existing[0])
         assert isinstance(old, ev.Created)
         if old.ffqn == created.ffqn and old.params == created.params:
+            if lock is not None:
+                notes.direct.append((lock, None))  # someone else's: not locked here
             return  # idempotent re-submission
         raise Conflict(
             f"execution {req.execution_id} already exists with other parameters"
         ) from None
+    t = _us(now)
+    if lock is None:
+        conn.execute(
+            "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
+            (req.execution_id, 0, t, ev.encode(created)),
+        )
+        notes.became_pending(created.ffqn, created.scheduled_at, now)
+        return
     conn.execute(
-        "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
-        (req.execution_id, 0, _us(now), ev.encode(created)),
+        "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?),(?,?,?,?)",
+        (req.execution_id, 0, t, ev.encode(created), req.execution_id, 1, t, ev.encode(lock.locked)),
     )
-    notes.pending.add(created.ffqn)
+    notes.direct.append((lock, direct_locked(req, lock, s)))
 
 
 def _due_rows(
@@ -1466,7 +1488,7 @@ def _append(
                 pass
     _write_summary(conn, execution_id, s, now)
     if isinstance(s.state, PendingAt):
-        notes.pending.add(s.ffqn)
+        notes.became_pending(s.ffqn, s.state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
     if extras and extras.logs:
@@ -1569,7 +1591,7 @@ def _add_response(
     notes.responses.add(execution_id)
     notes.response_items.append((execution_id, ev.StoredResponse(s.responses, _dt(t), response)))
     if isinstance(s.state, PendingAt):
-        notes.pending.add(s.ffqn)
+        notes.became_pending(s.ffqn, s.state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ from engine.storage.contract import (
     AppendExtras,
     Conflict,
     CreateRequest,
+    DirectLock,
     LockedExecution,
     NotFound,
     Storage,
@@ -121,8 +123,11 @@ class ReplayHost:
         deployment_id: str,
         lock_expiry: timedelta,
         strategy: str,
+        direct_locks: Callable[[str, datetime], DirectLock | None] | None = None,
     ) -> None:
         assert locked.events is not None and locked.responses is not None
+        #: Asks an executor of this process to lock a child as it is created (FFQN, now).
+        self.direct_locks = direct_locks
         self.execution_id = locked.execution_id
         self._eid = ExecutionId.parse(locked.execution_id)
         self.storage = storage
@@ -312,8 +317,9 @@ class ReplayHost:
             + [self.stack if isinstance(e, ev.HistoryEvent) else [] for e in extra or ()]
         )
         events = lead + events
+        creates = self._with_direct_locks(self._creates, now)
         extras = AppendExtras(
-            creates=self._creates,
+            creates=creates,
             logs=self.logs,
             run_id=self.run_id,
             backtraces=[(i, frames) for i, frames in enumerate(stacks) if frames],
@@ -321,10 +327,16 @@ class ReplayHost:
         )
         self._open_inbox()  # before the commit: see below
         try:
-            # Straight to the storage's writer from this thread (no hop through the loop).
-            summary = self.storage.append_from_thread(
-                self.execution_id, self.version, events, now, extras
-            )
+            try:
+                # Straight to the storage's writer from this thread (no loop hop).
+                summary = self.storage.append_from_thread(
+                    self.execution_id, self.version, events, now, extras
+                )
+            except BaseException:
+                for c in creates:
+                    if c.lock is not None:
+                        c.lock.release()
+                raise
         except VersionConflict as e:
             raise self._abort("lock_lost", str(e)) from None
         except Conflict as e:
@@ -343,6 +355,26 @@ class ReplayHost:
         self._pull_inbox()
         self._stale = summary.responses > self.max_cursor
         return summary
+
+    def _with_direct_locks(
+        self, creates: list[CreateRequest], now: datetime
+    ) -> list[CreateRequest]:
+        """The creations of this write, children locked at once by an idle executor of
+        this process where one takes them (`Storage` `CreateRequest.lock`): the child
+        runs as soon as the write commits, without a pending notification and a lock
+        transaction of its own. (Asked for at each write, so a write that is retried
+        asks again and a failed one gives the slots back.)"""
+        direct = self.direct_locks
+        if direct is None or not creates:
+            return creates
+        out = []
+        for c in creates:
+            if c.created.parent is not None and c.created.scheduled_at <= now:
+                lock = direct(c.created.ffqn, now)
+                if lock is not None:
+                    c = dataclasses.replace(c, lock=lock)
+            out.append(c)
+        return out
 
     def _extension(self, now: datetime) -> ev.Locked:
         self.lock_expires_at = now + self.lock_expiry
