@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.components import LoadedComponent
 from engine.core import events as ev
@@ -45,6 +45,7 @@ from engine.workers.outcome import (
 from engine.workers.pool import RunPool
 
 log = logging.getLogger("obelisk.executor")
+T = TypeVar("T")
 
 
 def outcome_to_event(
@@ -283,14 +284,29 @@ class ActivityExecutor(BaseExecutor):
         remaining = (locked.lock_expires_at - self.clock.now()).total_seconds()
         deadline = time.monotonic() + max(0.0, remaining)
         run = self._runner_call(locked, deadline, cancel, lines.append)
-        outcome = await _in_thread(self.threads, run)
-        now = self.clock.now()
-        if self._stopping and not isinstance(outcome, RunOk | RunErr):
-            # Interrupted by shutdown, not by the activity: release without a retry.
-            event: ev.Event = ev.Unlocked(now, "executor closing")
-        else:
-            event = outcome_to_event(locked, outcome, now, _ok_type(info.return_type))
-        await self._append(locked, event, lines, now)
+        ok_type = _ok_type(info.return_type)
+        extras = AppendExtras(logs=lines, run_id=locked.run_id)
+
+        def run_and_append() -> tuple[ev.Event, datetime, asyncio.Future[Any]]:
+            # On the worker thread: the outcome goes to the storage as the run returns,
+            # not after a hop through the event loop.
+            outcome = run()
+            now = self.clock.now()
+            if self._stopping and not isinstance(outcome, RunOk | RunErr):
+                # Interrupted by shutdown, not by the activity: release without a retry.
+                event: ev.Event = ev.Unlocked(now, "executor closing")
+            else:
+                event = outcome_to_event(locked, outcome, now, ok_type)
+            written = self.storage.append_soon(
+                locked.execution_id, locked.next_version, [event], now, extras
+            )
+            return event, now, written
+
+        event, now, written = await _in_thread(self.threads, run_and_append)
+        try:
+            await written
+        except (Conflict, NotFound) as e:
+            await self._append_failed(locked, event, extras, now, e)
 
     def _runner_call(
         self,
@@ -309,30 +325,29 @@ class ActivityExecutor(BaseExecutor):
             locked.ffqn, locked.params, dict(cfg.env_vars), deadline, cancel, sink
         )
 
-    async def _append(
-        self, locked: LockedExecution, event: ev.Event, lines: list[LogLine], now: datetime
+    async def _append_failed(
+        self,
+        locked: LockedExecution,
+        event: ev.Event,
+        extras: AppendExtras,
+        now: datetime,
+        e: Conflict | NotFound,
     ) -> None:
-        extras = AppendExtras(logs=lines, run_id=locked.run_id)
-        try:
-            await self.storage.append(
-                locked.execution_id, locked.next_version, [event], now, extras
+        if isinstance(e, Conflict) and await self._append_after_cancellation(
+            locked, event, extras, now
+        ):
+            return
+        # Someone else moved it on (the watcher after a lock expiry, a cancellation).
+        log.info(
+            "executor %s: dropped outcome of %s: %s",
+            self.component.config.name,
+            locked.execution_id,
+            e,
+        )
+        if extras.logs:
+            await self.storage.append_logs(
+                locked.execution_id, locked.run_id, extras.logs, self.clock.now()
             )
-        except (Conflict, NotFound) as e:
-            if isinstance(e, Conflict) and await self._append_after_cancellation(
-                locked, event, extras, now
-            ):
-                return
-            # Someone else moved it on (the watcher after a lock expiry, a cancellation).
-            log.info(
-                "executor %s: dropped outcome of %s: %s",
-                self.component.config.name,
-                locked.execution_id,
-                e,
-            )
-            if lines:
-                await self.storage.append_logs(
-                    locked.execution_id, locked.run_id, lines, self.clock.now()
-                )
 
     async def _append_after_cancellation(
         self, locked: LockedExecution, event: ev.Event, extras: AppendExtras, now: datetime
@@ -361,7 +376,7 @@ def _ignore_outcome(task: asyncio.Task[Any]) -> None:
         task.exception()  # retrieved: a conflict here changes nothing
 
 
-def _in_thread(threads: Executor, fn: Callable[[], RunOutcome]) -> Awaitable[RunOutcome]:
+def _in_thread(threads: Executor, fn: Callable[[], T]) -> Awaitable[T]:
     """Run `fn` on a worker thread (one future and one loop wake-up with a `RunPool`)."""
     if isinstance(threads, RunPool):
         return threads.run_async(fn)

@@ -32,25 +32,83 @@ class _PendingFlag:
         self.event = asyncio.Event()
 
 
+class Commits:
+    """Physical transactions whose responses were posted to inboxes before their COMMIT
+    (SQLite: the run computes while the writer fsyncs), numbered in commit order; each is
+    settled once: committed, or failed (rolled back). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._begun = 0
+        self._settled = 0
+        self._failed: set[int] = set()
+        self._closed = False
+
+    def begin(self) -> int:
+        with self._cond:
+            self._begun += 1
+            return self._begun
+
+    def settle(self, seq: int, committed: bool) -> None:
+        with self._cond:
+            if not committed:
+                self._failed.add(seq)
+            self._settled = max(self._settled, seq)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """The writer stopped: whatever it did not settle did not commit."""
+        with self._cond:
+            self._failed.update(range(self._settled + 1, self._begun + 1))
+            self._settled = self._begun
+            self._closed = True
+            self._cond.notify_all()
+
+    def wait(self, seq: int) -> bool:
+        """Whether transaction `seq` committed, waiting until it is settled."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._settled >= seq)
+            return seq not in self._failed
+
+
 class ResponseInbox:
     """The responses of one execution as they commit, for its workflow run waiting on a
     worker thread: the backend hands them over (`post`, thread-safe) instead of waking a
     loop task that reads them back from the database and wakes the thread in turn.
     When a backend only learns that responses arrived (another process, a reconnect) it
-    `poke`s: the run must read the database. `wake` (an interrupt) ends a `take`."""
+    `poke`s: the run must read the database. `wake` (an interrupt) ends a `take`.
 
-    __slots__ = ("_cond", "_items", "_poked", "_woken")
+    A response may be posted while its transaction is still being made durable (`seq`
+    of `Commits`): the run may compute with it but writes nothing before
+    `wait_committed` says that it did commit."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_commits", "_cond", "_items", "_poked", "_seq", "_woken")
+
+    def __init__(self, commits: Commits | None = None) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._items: list[ev.StoredResponse] = []
+        self._items: list[tuple[ev.StoredResponse, int]] = []
         self._poked = False
         self._woken = False
+        self._commits = commits
+        #: The latest not yet confirmed transaction of the responses taken (0: none).
+        self._seq = 0
 
-    def post(self, items: Sequence[ev.StoredResponse]) -> None:
+    def post(self, items: Sequence[ev.StoredResponse], seq: int = 0) -> None:
+        """`seq` 0: committed; else the number of the `Commits` transaction they are in."""
         with self._cond:
-            self._items.extend(items)
+            self._items.extend((item, seq) for item in items)
             self._cond.notify_all()
+
+    def wait_committed(self) -> bool:
+        """Whether every response taken so far is committed, waiting for those whose
+        transaction is being committed. False: one was rolled back (never happened)."""
+        seq = self._seq
+        if seq == 0 or self._commits is None:
+            return True
+        if not self._commits.wait(seq):
+            return False
+        self._seq = 0
+        return True
 
     def poke(self) -> None:
         with self._cond:
@@ -71,7 +129,9 @@ class ResponseInbox:
             items, self._items = self._items, []
             poked, self._poked = self._poked, False
             self._woken = False
-            return items, poked
+        for _, seq in items:
+            self._seq = max(self._seq, seq)
+        return [item for item, _ in items], poked
 
 
 class Notifier:
@@ -93,6 +153,7 @@ class Notifier:
         #: Thread-safe: posted to from a backend's writer thread.
         self._inboxes: dict[str, list[ResponseInbox]] = {}
         self._inbox_lock = threading.Lock()
+        self.commits = Commits()
 
     def close(self) -> None:
         """The storage closed: nothing more will be announced."""
@@ -201,7 +262,7 @@ class Notifier:
 
     # -- response inboxes (workflow runs on worker threads) -------------------
     def open_inbox(self, execution_id: str) -> ResponseInbox:
-        inbox = ResponseInbox()
+        inbox = ResponseInbox(self.commits)
         with self._inbox_lock:
             self._inboxes.setdefault(execution_id, []).append(inbox)
         return inbox
@@ -214,12 +275,15 @@ class Notifier:
                 if not inboxes:
                     del self._inboxes[execution_id]
 
-    def post_responses(self, execution_id: str, items: Sequence[ev.StoredResponse]) -> None:
-        """Hand committed responses to the inboxes of `execution_id` (any thread)."""
+    def post_responses(
+        self, execution_id: str, items: Sequence[ev.StoredResponse], seq: int = 0
+    ) -> None:
+        """Hand responses to the inboxes of `execution_id` (any thread): committed, or
+        in transaction `seq` of `commits` that is being committed."""
         with self._inbox_lock:
             inboxes = list(self._inboxes.get(execution_id, ()))
         for inbox in inboxes:
-            inbox.post(items)
+            inbox.post(items, seq)
 
     def _poke(self, execution_id: str | None = None) -> None:
         with self._inbox_lock:

@@ -829,6 +829,38 @@ class PostgresStorage:
         coro = self.append(execution_id, expected_version, events, now, extras)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    def append_soon(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> asyncio.Future[ExecutionSummary]:
+        loop = self._loop
+        fut: asyncio.Future[ExecutionSummary] = loop.create_future()
+
+        def start() -> None:
+            task = loop.create_task(
+                self.append(execution_id, expected_version, events, now, extras)
+            )
+
+            def done(t: asyncio.Task[ExecutionSummary]) -> None:
+                if fut.done():  # the caller gave up: retrieve the outcome all the same
+                    if not t.cancelled():
+                        t.exception()
+                elif t.cancelled():
+                    fut.cancel()
+                elif (e := t.exception()) is not None:
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(t.result())
+
+            task.add_done_callback(done)
+
+        loop.call_soon_threadsafe(start)
+        return fut
+
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
     ) -> None:

@@ -267,8 +267,10 @@ class _Writer:
         self.loop = loop
         #: Set by the storage once open: (batch, outcomes, wrote, committed), on the loop.
         self.deliver: Callable[[list[_Tx], list[_Outcome], bool, bool], None] = _no_delivery
-        #: Set by the storage: committed responses to waiting runs, from this thread.
+        #: Set by the storage: committed responses to waiting runs, from this thread...
         self.post_responses: Callable[[str, list[ev.StoredResponse]], None] | None = None
+        #: ... or, in the usual batch, while its COMMIT is being made durable.
+        self.early: _EarlyResponses | None = None
         self.max_batch = max_batch
         self.conn: sqlite3.Connection | None = None
         self._queue: queue.SimpleQueue[_Tx | _Call | None] = queue.SimpleQueue()
@@ -333,6 +335,8 @@ class _Writer:
         finally:
             with self._lock:
                 self._accepting = False
+            if self.early is not None:
+                self.early.commits.close()
             with contextlib.suppress(sqlite3.Error):
                 self.conn.close()
             # Whatever is still queued (the thread died): its callers get an error.
@@ -389,17 +393,19 @@ class _Writer:
                 return
 
     def _commit(self, conn: sqlite3.Connection, batch: list[_Tx]) -> None:
+        posted = False
         try:
-            outcomes, wrote = _run_batch_counting(conn, batch)
+            outcomes, wrote, posted = _run_batch_counting(conn, batch, self.early)
             committed = True
         except Exception as e:  # the connection itself failed
             error = StorageError(f"database write failed: {e}")
             outcomes, wrote, committed = [(False, error, _Notes()) for _ in batch], False, False
-        # Waiting workflow runs and callers on other threads first, straight from here:
-        # they need nothing from the loop.
+        # Waiting workflow runs (unless they got their responses before the COMMIT) and
+        # callers on other threads first, straight from here: they need nothing from
+        # the loop.
         post = self.post_responses
         for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
-            if ok and notes.response_items and post is not None:
+            if ok and notes.response_items and post is not None and not posted:
                 for execution_id, items in _grouped_responses(notes).items():
                     post(execution_id, items)
             if tx.reply is not None:
@@ -456,6 +462,7 @@ class SqliteStorage:
         storage = cls(p, reader)
         writer.deliver = storage._deliver  # no batch was queued before this
         writer.post_responses = storage.notifier.post_responses
+        writer.early = _EarlyResponses(storage.notifier)
         storage._writer = writer
         return storage
 
@@ -591,6 +598,35 @@ class SqliteStorage:
             raise StorageError("storage closed")
         summary: ExecutionSummary = reply.wait()
         return summary
+
+    def append_soon(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> asyncio.Future[ExecutionSummary]:
+        backtraces = (
+            _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
+        )
+        writer = self._writer
+        if writer is None:
+            raise StorageError("storage closed")
+        # Created here, completed by `_deliver` on the loop (like any loop caller's).
+        fut: asyncio.Future[ExecutionSummary] = writer.loop.create_future()
+        tx = _Tx(
+            lambda c, n: _append(
+                c, n, execution_id, expected_version, list(events), now, extras, backtraces
+            ),
+            fut,
+            len(events),
+        )
+        if self._closed or not writer.running or not writer.put(tx):
+            writer.loop.call_soon_threadsafe(
+                _settle, fut, False, StorageError("storage closed")
+            )
+        return fut
 
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
@@ -1078,17 +1114,48 @@ def _statements(script: str) -> list[str]:
     return statements
 
 
+class _EarlyResponses:
+    """Posts a batch's responses to the waiting runs just before its COMMIT, so that a
+    workflow computes its next step while the writer waits for the fsync, instead of
+    after it. Safe because a run writes nothing before `ResponseInbox.wait_committed`
+    confirms the transaction (`Commits`); when the COMMIT fails, the runs that were given
+    its responses abort without writing (and are replayed from the database)."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+        self.commits = notifier.commits
+
+    def post(self, outcomes: list[_Outcome]) -> int:
+        """Post; the `Commits` number to settle, 0 when there was nothing to post."""
+        grouped = [
+            group
+            for ok, _, notes in outcomes
+            if ok and notes.response_items
+            for group in _grouped_responses(notes).items()
+        ]
+        if not grouped:
+            return 0
+        seq = self.commits.begin()
+        for execution_id, items in grouped:
+            self.notifier.post_responses(execution_id, items, seq)
+        return seq
+
+
 def _run_batch_counting(
-    conn: sqlite3.Connection, batch: list[_Tx]
-) -> tuple[list[tuple[bool, Any, _Notes]], bool]:
-    """`_run_batch`, and whether it changed any row."""
+    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
+) -> tuple[list[tuple[bool, Any, _Notes]], bool, bool]:
+    """`_run_batch`, whether it changed any row, and whether its responses were posted
+    before the COMMIT (`early`)."""
     before = conn.total_changes
-    outcomes = _run_batch(conn, batch)
-    return outcomes, conn.total_changes != before
+    outcomes, posted = _run_batch(conn, batch, early)
+    return outcomes, conn.total_changes != before, posted
 
 
-def _run_batch(conn: sqlite3.Connection, batch: list[_Tx]) -> list[tuple[bool, Any, _Notes]]:
-    """Run a batch of logical transactions as one physical transaction.
+def _run_batch(
+    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
+) -> tuple[list[tuple[bool, Any, _Notes]], bool]:
+    """Run a batch of logical transactions as one physical transaction; also whether its
+    responses were posted early (only on the first, usual path).
 
     First without savepoints (two statements less per logical transaction): when every
     one succeeds, which is the usual case, that is the outcome. When one raises, its
@@ -1097,14 +1164,14 @@ def _run_batch(conn: sqlite3.Connection, batch: list[_Tx]) -> list[tuple[bool, A
     of the database only, so running one again is fine; the split retry below relies on
     that too.) A batch of one needs no savepoint at all: its rollback is the whole one.
     """
-    outcomes = _run_batch_plain(conn, batch)
+    outcomes = _run_batch_plain(conn, batch, early)
     if outcomes is not None:
-        return outcomes
-    return _run_batch_savepoints(conn, batch)
+        return outcomes, early is not None
+    return _run_batch_savepoints(conn, batch), False
 
 
 def _run_batch_plain(
-    conn: sqlite3.Connection, batch: list[_Tx]
+    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
 ) -> list[tuple[bool, Any, _Notes]] | None:
     """The batch without savepoints; None (after a rollback) to run it with them."""
     outcomes: list[tuple[bool, Any, _Notes]] = []
@@ -1122,12 +1189,17 @@ def _run_batch_plain(
         if not conn.in_transaction:  # it ended the transaction (see the savepoint path)
             return None
         outcomes.append((True, value, notes))
+    seq = early.post(outcomes) if early is not None else 0
     try:
         conn.execute("COMMIT")
     except sqlite3.Error:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
+        if seq:
+            early.commits.settle(seq, False)  # type: ignore[union-attr]
         return None
+    if seq:
+        early.commits.settle(seq, True)  # type: ignore[union-attr]
     return outcomes
 
 

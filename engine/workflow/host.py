@@ -186,7 +186,19 @@ class ReplayHost:
     # plumbing
     # ------------------------------------------------------------------------------
     def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            self._committed()
+        except RunAborted:
+            coro.close()
+            raise
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def _committed(self) -> None:
+        """Before anything is written: the responses this run was given before their
+        transaction was durable (`ResponseInbox`) did commit; a run that computed with
+        one that was rolled back stops without writing (a new run replays the log)."""
+        if self._inbox is not None and not self._inbox.wait_committed():
+            raise self._abort("lock_lost", "a response it was given was not committed")
 
     def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
         """`_sync` for a read that may wait long: `interrupt()` cancels it at once."""
@@ -306,6 +318,7 @@ class ReplayHost:
         if not events and not expiring and not lead:
             return None
         self._check()
+        self._committed()
         lock_expires_at = self.lock_expires_at
         if lead is None:
             lead = self._take_lead(now)
