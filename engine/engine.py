@@ -21,7 +21,7 @@ from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
 from engine.executor import ActivityExecutor, BaseExecutor, TimersWatcher
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
-from engine.storage.contract import CreateRequest, Storage, VersionConflict
+from engine.storage.contract import CreateRequest, DirectLock, Storage, VersionConflict
 from engine.storage.sqlite import SqliteStorage
 from engine.workers.pool import RunPool
 from engine.workflow.cancellation import CancellationDriver
@@ -137,8 +137,18 @@ class Engine:
                 self.workflow_threads,
                 registry=registry,
                 deployment_id=self.deployment_id,
+                direct_locks=self.direct_lock,
             )
         return ActivityExecutor(self.storage, component, self.clock, self.threads)
+
+    def direct_lock(self, ffqn: str, now: datetime) -> DirectLock | None:
+        """A lock for a child of `ffqn` being created at `now`, taken by this engine's
+        activity executor of it when that one is idle (any thread; see
+        `ActivityExecutor.reserve`)."""
+        for executor in list(self.executors):
+            if isinstance(executor, ActivityExecutor) and ffqn in executor.ffqns:
+                return executor.reserve(now)
+        return None
 
     def _start_executors(self) -> None:
         for component in self.registry.components:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.components import LoadedComponent
 from engine.core import events as ev
@@ -26,6 +26,7 @@ from engine.core.state import Locked, on_lock_expired, on_temporary_failure
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
+    DirectLock,
     LockedExecution,
     NotFound,
     Storage,
@@ -44,6 +45,7 @@ from engine.workers.outcome import (
 from engine.workers.pool import RunPool
 
 log = logging.getLogger("obelisk.executor")
+T = TypeVar("T")
 
 
 def outcome_to_event(
@@ -119,6 +121,13 @@ class BaseExecutor:
         self._slot_freed = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Waiting for work with nothing due (its last lock found less than it asked for):
+        #: only then may creators lock for it directly (`ActivityExecutor.reserve`).
+        self._idle = False
+        #: Slots promised to direct locks whose transaction has not committed yet.
+        self._reserved = 0
+        self._reserve_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -127,12 +136,13 @@ class BaseExecutor:
     def start(self) -> None:
         # Which process holds a lock, when several share one database (SPEC §6).
         log.info("executor %s started: %s", self.name, self.executor_id)
-        self._task = asyncio.create_task(self._loop(), name=f"executor {self.name}")
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run_loop(), name=f"executor {self.name}")
 
-    async def _loop(self) -> None:
+    async def _run_loop(self) -> None:
         cfg = self.component.config.exec
         while not self._stopping:
-            free = min(cfg.batch_size, cfg.max_inflight - len(self._inflight))
+            free = min(cfg.batch_size, cfg.max_inflight - len(self._inflight) - self._reserved)
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -157,7 +167,11 @@ class BaseExecutor:
             for locked in batch:
                 self._spawn(locked)
             if len(batch) < free:
-                await self.storage.wait_for_pending(self.ffqns, cfg.tick_sleep_ms / 1000)
+                self._idle = True
+                try:
+                    await self.storage.wait_for_pending(self.ffqns, cfg.tick_sleep_ms / 1000)
+                finally:
+                    self._idle = False
 
     def _spawn(self, locked: LockedExecution) -> None:
         cancel = threading.Event()
@@ -192,8 +206,77 @@ class BaseExecutor:
             await asyncio.gather(*(t for _, (t, _) in inflight), return_exceptions=True)
 
 
+class _DirectLock:
+    """A slot of an activity executor promised to an execution being created (see
+    `engine.storage.contract.DirectLock`)."""
+
+    __slots__ = ("_executor", "locked")
+
+    def __init__(self, executor: ActivityExecutor, locked: ev.Locked) -> None:
+        self._executor = executor
+        self.locked = locked
+
+    def taken(self, execution: LockedExecution | None) -> None:
+        self._executor._direct_taken(execution)
+
+    def release(self) -> None:
+        self._executor._direct_release()
+
+
 class ActivityExecutor(BaseExecutor):
     """Runs the activities of one component."""
+
+    def reserve(self, now: datetime) -> DirectLock | None:
+        """A direct lock for an execution of this component about to be created at
+        `now` (any thread), or None. Only while the executor waits with nothing due, so
+        that nothing older is passed over (SPEC §4.2), and within `exec.max_inflight`."""
+        cfg = self.component.config.exec
+        with self._reserve_lock:
+            if (
+                self._stopping
+                or not self._idle
+                or len(self._inflight) + self._reserved >= cfg.max_inflight
+            ):
+                return None
+            self._reserved += 1
+        locked = ev.Locked(
+            self.component.component_id,
+            self.executor_id,
+            new_run_id(),
+            now + timedelta(milliseconds=cfg.lock_expiry_ms),
+            self.retry,
+        )
+        return _DirectLock(self, locked)
+
+    def _direct_taken(self, execution: LockedExecution | None) -> None:
+        """On the loop, after the commit."""
+        with self._reserve_lock:
+            self._reserved -= 1
+        if execution is None:
+            self._slot_freed.set()
+        elif self._stopping:
+            # Locked while shutting down: let go of it as any run would.
+            now = self.clock.now()
+            task = asyncio.create_task(
+                self.storage.append(
+                    execution.execution_id,
+                    execution.next_version,
+                    [ev.Unlocked(now, "executor closing")],
+                    now,
+                )
+            )
+            task.add_done_callback(_ignore_outcome)
+        else:
+            self._spawn(execution)
+
+    def _direct_release(self) -> None:
+        """The creating transaction failed (any thread)."""
+        with self._reserve_lock:
+            self._reserved -= 1
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # a closed loop
+                loop.call_soon_threadsafe(self._slot_freed.set)
 
     async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
         info = self.component.functions[locked.ffqn]
@@ -201,14 +284,29 @@ class ActivityExecutor(BaseExecutor):
         remaining = (locked.lock_expires_at - self.clock.now()).total_seconds()
         deadline = time.monotonic() + max(0.0, remaining)
         run = self._runner_call(locked, deadline, cancel, lines.append)
-        outcome = await _in_thread(self.threads, run)
-        now = self.clock.now()
-        if self._stopping and not isinstance(outcome, RunOk | RunErr):
-            # Interrupted by shutdown, not by the activity: release without a retry.
-            event: ev.Event = ev.Unlocked(now, "executor closing")
-        else:
-            event = outcome_to_event(locked, outcome, now, _ok_type(info.return_type))
-        await self._append(locked, event, lines, now)
+        ok_type = _ok_type(info.return_type)
+        extras = AppendExtras(logs=lines, run_id=locked.run_id)
+
+        def run_and_append() -> tuple[ev.Event, datetime, asyncio.Future[Any]]:
+            # On the worker thread: the outcome goes to the storage as the run returns,
+            # not after a hop through the event loop.
+            outcome = run()
+            now = self.clock.now()
+            if self._stopping and not isinstance(outcome, RunOk | RunErr):
+                # Interrupted by shutdown, not by the activity: release without a retry.
+                event: ev.Event = ev.Unlocked(now, "executor closing")
+            else:
+                event = outcome_to_event(locked, outcome, now, ok_type)
+            written = self.storage.append_soon(
+                locked.execution_id, locked.next_version, [event], now, extras
+            )
+            return event, now, written
+
+        event, now, written = await _in_thread(self.threads, run_and_append)
+        try:
+            await written
+        except (Conflict, NotFound) as e:
+            await self._append_failed(locked, event, extras, now, e)
 
     def _runner_call(
         self,
@@ -227,30 +325,29 @@ class ActivityExecutor(BaseExecutor):
             locked.ffqn, locked.params, dict(cfg.env_vars), deadline, cancel, sink
         )
 
-    async def _append(
-        self, locked: LockedExecution, event: ev.Event, lines: list[LogLine], now: datetime
+    async def _append_failed(
+        self,
+        locked: LockedExecution,
+        event: ev.Event,
+        extras: AppendExtras,
+        now: datetime,
+        e: Conflict | NotFound,
     ) -> None:
-        extras = AppendExtras(logs=lines, run_id=locked.run_id)
-        try:
-            await self.storage.append(
-                locked.execution_id, locked.next_version, [event], now, extras
+        if isinstance(e, Conflict) and await self._append_after_cancellation(
+            locked, event, extras, now
+        ):
+            return
+        # Someone else moved it on (the watcher after a lock expiry, a cancellation).
+        log.info(
+            "executor %s: dropped outcome of %s: %s",
+            self.component.config.name,
+            locked.execution_id,
+            e,
+        )
+        if extras.logs:
+            await self.storage.append_logs(
+                locked.execution_id, locked.run_id, extras.logs, self.clock.now()
             )
-        except (Conflict, NotFound) as e:
-            if isinstance(e, Conflict) and await self._append_after_cancellation(
-                locked, event, extras, now
-            ):
-                return
-            # Someone else moved it on (the watcher after a lock expiry, a cancellation).
-            log.info(
-                "executor %s: dropped outcome of %s: %s",
-                self.component.config.name,
-                locked.execution_id,
-                e,
-            )
-            if lines:
-                await self.storage.append_logs(
-                    locked.execution_id, locked.run_id, lines, self.clock.now()
-                )
 
     async def _append_after_cancellation(
         self, locked: LockedExecution, event: ev.Event, extras: AppendExtras, now: datetime
@@ -274,7 +371,12 @@ class ActivityExecutor(BaseExecutor):
         return True
 
 
-def _in_thread(threads: Executor, fn: Callable[[], RunOutcome]) -> Awaitable[RunOutcome]:
+def _ignore_outcome(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a conflict here changes nothing
+
+
+def _in_thread(threads: Executor, fn: Callable[[], T]) -> Awaitable[T]:
     """Run `fn` on a worker thread (one future and one loop wake-up with a `RunPool`)."""
     if isinstance(threads, RunPool):
         return threads.run_async(fn)

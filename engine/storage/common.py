@@ -8,6 +8,7 @@ The state machine itself is `engine.core.state`.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -22,8 +23,17 @@ from engine.core.state import (
     PendingAt,
     state_name,
 )
-from engine.storage.contract import Conflict, ExecutionRow, NotCancellable
+from engine.storage.contract import (
+    Conflict,
+    CreateRequest,
+    DirectLock,
+    ExecutionRow,
+    LockedExecution,
+    NotCancellable,
+)
 from engine.workflow.host_api import Frame
+
+log = logging.getLogger("obelisk.storage")
 
 summary_decoder = msgspec.json.Decoder(ExecutionSummary)
 frames_decoder = msgspec.json.Decoder(list[Frame])
@@ -69,9 +79,64 @@ class Notes:
     pending: set[str] = field(default_factory=set)
     finished: list[tuple[str, ev.ExecutionResult]] = field(default_factory=list)
     responses: set[str] = field(default_factory=set)
+    #: The responses written, as a read would return them (for `Notifier.post_responses`:
+    #: a waiting workflow run gets them without reading them back).
+    response_items: list[tuple[str, ev.StoredResponse]] = field(default_factory=list)
+    #: Creations with a direct lock: what the executor gets (None: not locked).
+    direct: list[tuple[DirectLock, LockedExecution | None]] = field(default_factory=list)
+    #: FFQNs with executions that became pending but are due only later: seconds from
+    #: the transaction's `now` to the earliest (executors are woken then, not now).
+    pending_later: dict[str, float] = field(default_factory=dict)
+
+    def became_pending(self, ffqn: str, scheduled_at: datetime, now: datetime) -> None:
+        """An execution of `ffqn` is PendingAt(`scheduled_at`) after this transaction.
+        Waking an executor for one that is not due yet only makes it lock nothing (a
+        transaction for nothing on every response to a warm workflow run, which is
+        pending until its lock expires, in case the run died)."""
+        if scheduled_at <= now:
+            self.pending.add(ffqn)
+            return
+        delay = (scheduled_at - now).total_seconds()
+        known = self.pending_later.get(ffqn)
+        if known is None or delay < known:
+            self.pending_later[ffqn] = delay
     cancelled: set[str] = field(default_factory=set)
     #: Cancelling executions that changed (for the cancellation driver).
     cancelling: set[str] = field(default_factory=set)
+
+
+def direct_locked(
+    req: CreateRequest, lock: DirectLock, s: ExecutionSummary
+) -> LockedExecution:
+    """What the executor of a direct lock gets: `s` is the summary after `locked`."""
+    created = req.created
+    return LockedExecution(
+        execution_id=req.execution_id,
+        ffqn=created.ffqn,
+        params=created.params,
+        next_version=s.next_version,
+        run_id=lock.locked.run_id,
+        lock_expires_at=lock.locked.lock_expires_at,
+        parent=created.parent,
+        summary=s,
+    )
+
+
+def announce_direct(notes: Notes) -> None:
+    """Hand directly locked executions to their executors (after the commit)."""
+    for lock, execution in notes.direct:
+        try:
+            lock.taken(execution)
+        except Exception:  # an executor's bug must not stop the writer
+            log.exception("direct lock of %s: handing it over failed", execution)
+
+
+def grouped_responses(notes: Notes) -> dict[str, list[ev.StoredResponse]]:
+    """`notes.response_items` by execution, in write order."""
+    out: dict[str, list[ev.StoredResponse]] = {}
+    for execution_id, item in notes.response_items:
+        out.setdefault(execution_id, []).append(item)
+    return out
 
 
 def projection(s: ExecutionSummary) -> tuple[str, int | None, int | None]:

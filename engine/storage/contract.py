@@ -6,6 +6,7 @@ Callers pass `now` explicitly so that tests drive time with a manual clock.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -13,6 +14,7 @@ from typing import Any, Literal, Protocol
 
 from engine.core import events as ev
 from engine.core.state import ExecutionSummary, PendingState
+from engine.storage.notify import ResponseInbox
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import Frame
 
@@ -37,10 +39,31 @@ class NotCancellable(StorageError):
     """Cancellation of something that is neither an activity nor a `-cancellable` workflow."""
 
 
+class DirectLock(Protocol):
+    """A lock that an executor of this process takes on an execution as it is created,
+    in the creating transaction: the execution runs at once, without being announced as
+    pending, woken for and locked by a transaction of its own (one commit less)."""
+
+    @property
+    def locked(self) -> ev.Locked:
+        """The `locked` event to append right after `created` (same timestamp)."""
+        ...
+
+    def taken(self, execution: LockedExecution | None) -> None:
+        """After the commit, on the event loop: the execution is now locked for the
+        executor (run it), or None: it existed already and nothing was locked."""
+
+    def release(self) -> None:
+        """The creating transaction failed: nothing was locked. Called by the creator
+        (any thread), never by the storage."""
+
+
 @dataclass(frozen=True, slots=True)
 class CreateRequest:
     execution_id: str
     created: ev.Created
+    #: Lock the new execution in the same transaction (its `created` must be due then).
+    lock: DirectLock | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +233,30 @@ class Storage(Protocol):
         """Append events at `expected_version`. A `finished` of a child also writes the
         parent's response; child requests create the children (in `extras.creates`)."""
 
+    def append_from_thread(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> ExecutionSummary:
+        """`append` for a caller on a thread other than the event loop's (a workflow
+        run on its worker thread): blocks that thread until the outcome. A backend may
+        skip the loop (SQLite: its writer thread answers the caller directly)."""
+
+    def append_soon(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> asyncio.Future[ExecutionSummary]:
+        """`append` started from any thread without waiting for it (an activity run's
+        worker thread, as the run returns): returns a future of the event loop, to be
+        awaited there. SQLite queues it for its writer at once, not after a loop hop."""
+
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
     ) -> None:
@@ -325,6 +372,15 @@ class Storage(Protocol):
     async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
         """Return when an execution of one of `ffqns` may have become pending, or after
         `timeout` seconds (other processes sharing the database do not notify)."""
+
+    def open_inbox(self, execution_id: str) -> ResponseInbox:
+        """Subscribe a workflow run (on its worker thread) to the responses of
+        `execution_id` committed from now on: the backend posts each one, or pokes the
+        inbox when it only knows that some arrived (the run then reads them). Responses
+        committed before, and those of other processes it is not told about, must be
+        read (`get_responses`). Close it with `close_inbox`."""
+
+    def close_inbox(self, execution_id: str, inbox: ResponseInbox) -> None: ...
 
     def subscribe_cancellations(self) -> CancellationListener: ...
 

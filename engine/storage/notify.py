@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -17,9 +18,127 @@ from engine.core import events as ev
 log = logging.getLogger("obelisk.storage")
 
 
+class _PendingFlag:
+    """One waiting task's wake-up for some FFQNs. It stays set until that task waits
+    again, so a notification that comes while the task is busy (locking, between two
+    waits) is not lost: the writer does not wait for the loop between batches, so a
+    commit can be announced after the lock that ran before it returned, but before the
+    executor waits again."""
+
+    __slots__ = ("event", "ffqns")
+
+    def __init__(self, ffqns: tuple[str, ...]) -> None:
+        self.ffqns = ffqns
+        self.event = asyncio.Event()
+
+
+class Commits:
+    """Physical transactions whose responses were posted to inboxes before their COMMIT
+    (SQLite: the run computes while the writer fsyncs), numbered in commit order; each is
+    settled once: committed, or failed (rolled back). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._begun = 0
+        self._settled = 0
+        self._failed: set[int] = set()
+        self._closed = False
+
+    def begin(self) -> int:
+        with self._cond:
+            self._begun += 1
+            return self._begun
+
+    def settle(self, seq: int, committed: bool) -> None:
+        with self._cond:
+            if not committed:
+                self._failed.add(seq)
+            self._settled = max(self._settled, seq)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """The writer stopped: whatever it did not settle did not commit."""
+        with self._cond:
+            self._failed.update(range(self._settled + 1, self._begun + 1))
+            self._settled = self._begun
+            self._closed = True
+            self._cond.notify_all()
+
+    def wait(self, seq: int) -> bool:
+        """Whether transaction `seq` committed, waiting until it is settled."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._settled >= seq)
+            return seq not in self._failed
+
+
+class ResponseInbox:
+    """The responses of one execution as they commit, for its workflow run waiting on a
+    worker thread: the backend hands them over (`post`, thread-safe) instead of waking a
+    loop task that reads them back from the database and wakes the thread in turn.
+    When a backend only learns that responses arrived (another process, a reconnect) it
+    `poke`s: the run must read the database. `wake` (an interrupt) ends a `take`.
+
+    A response may be posted while its transaction is still being made durable (`seq`
+    of `Commits`): the run may compute with it but writes nothing before
+    `wait_committed` says that it did commit."""
+
+    __slots__ = ("_commits", "_cond", "_items", "_poked", "_seq", "_woken")
+
+    def __init__(self, commits: Commits | None = None) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._items: list[tuple[ev.StoredResponse, int]] = []
+        self._poked = False
+        self._woken = False
+        self._commits = commits
+        #: The latest not yet confirmed transaction of the responses taken (0: none).
+        self._seq = 0
+
+    def post(self, items: Sequence[ev.StoredResponse], seq: int = 0) -> None:
+        """`seq` 0: committed; else the number of the `Commits` transaction they are in."""
+        with self._cond:
+            self._items.extend((item, seq) for item in items)
+            self._cond.notify_all()
+
+    def wait_committed(self) -> bool:
+        """Whether every response taken so far is committed, waiting for those whose
+        transaction is being committed. False: one was rolled back (never happened)."""
+        seq = self._seq
+        if seq == 0 or self._commits is None:
+            return True
+        if not self._commits.wait(seq):
+            return False
+        self._seq = 0
+        return True
+
+    def poke(self) -> None:
+        with self._cond:
+            self._poked = True
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+    def take(self, timeout: float) -> tuple[list[ev.StoredResponse], bool]:
+        """What was posted, and whether it was poked, since the last `take`; waits up to
+        `timeout` seconds for either (or a `wake`) when there is none."""
+        with self._cond:
+            if timeout > 0 and not (self._items or self._poked or self._woken):
+                self._cond.wait(timeout)
+            items, self._items = self._items, []
+            poked, self._poked = self._poked, False
+            self._woken = False
+        for _, seq in items:
+            self._seq = max(self._seq, seq)
+        return [item for item, _ in items], poked
+
+
 class Notifier:
     def __init__(self) -> None:
-        self._pending_waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._pending_waiters: dict[str, set[_PendingFlag]] = defaultdict(set)
+        #: Per waiting task (an executor's loop) and FFQNs.
+        self._pending_flags: dict[tuple[asyncio.Task[object], tuple[str, ...]], _PendingFlag] = {}
         self._result_waiters: dict[str, list[asyncio.Future[ev.ExecutionResult]]] = defaultdict(
             list
         )
@@ -29,27 +148,71 @@ class Notifier:
         self._cancelling_changed = asyncio.Event()
         self._generation = 0
         self._changed = asyncio.Event()
+        #: Per FFQN: the wake-up for its earliest execution that is pending but not due.
+        self._later: dict[str, asyncio.TimerHandle] = {}
+        #: Thread-safe: posted to from a backend's writer thread.
+        self._inboxes: dict[str, list[ResponseInbox]] = {}
+        self._inbox_lock = threading.Lock()
+        self.commits = Commits()
+
+    def close(self) -> None:
+        """The storage closed: nothing more will be announced."""
+        for timer in self._later.values():
+            timer.cancel()
+        self._later.clear()
 
     # -- pending work per FFQN ----------------------------------------------
     async def wait_pending(self, ffqns: Sequence[str], timeout: float) -> None:
-        event = asyncio.Event()
-        for f in ffqns:
-            self._pending_waiters[f].add(event)
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
-        finally:
+        """Return at the first notification for one of `ffqns` since this task's
+        previous call (at once if one came meanwhile), or after `timeout` seconds."""
+        flag = self._flag(tuple(ffqns))
+        if not flag.event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flag.event.wait(), timeout)
+        flag.event.clear()
+
+    def _flag(self, ffqns: tuple[str, ...]) -> _PendingFlag:
+        task = asyncio.current_task()
+        assert task is not None
+        key = (task, ffqns)
+        flag = self._pending_flags.get(key)
+        if flag is None:
+            flag = self._pending_flags[key] = _PendingFlag(ffqns)
             for f in ffqns:
-                waiters = self._pending_waiters.get(f)
-                if waiters is not None:
-                    waiters.discard(event)
-                    if not waiters:
-                        del self._pending_waiters[f]
+                self._pending_waiters[f].add(flag)
+            task.add_done_callback(lambda _t: self._drop_flag(key))
+        return flag
+
+    def _drop_flag(self, key: tuple[asyncio.Task[object], tuple[str, ...]]) -> None:
+        flag = self._pending_flags.pop(key, None)
+        if flag is None:
+            return
+        for f in flag.ffqns:
+            waiters = self._pending_waiters.get(f)
+            if waiters is not None:
+                waiters.discard(flag)
+                if not waiters:
+                    del self._pending_waiters[f]
 
     def pending(self, ffqn: str) -> None:
-        for event in self._pending_waiters.get(ffqn, ()):
-            event.set()
+        for flag in self._pending_waiters.get(ffqn, ()):
+            flag.event.set()
+
+    def pending_later(self, ffqn: str, delay: float) -> None:
+        """An execution of `ffqn` becomes due in `delay` seconds: wake its executors
+        then (one timer per FFQN, for the earliest)."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        timer = self._later.get(ffqn)
+        if timer is not None:
+            if timer.when() <= when:
+                return
+            timer.cancel()
+        self._later[ffqn] = loop.call_at(when, self._fire_later, ffqn)
+
+    def _fire_later(self, ffqn: str) -> None:
+        self._later.pop(ffqn, None)
+        self.pending(ffqn)
 
     # -- results --------------------------------------------------------------
     def result_future(self, execution_id: str) -> asyncio.Future[ev.ExecutionResult]:
@@ -88,9 +251,48 @@ class Notifier:
             if not waiters:
                 del self._response_waiters[execution_id]
 
-    def response(self, execution_id: str) -> None:
+    def response(self, execution_id: str, *, posted: bool = False) -> None:
+        """Responses to `execution_id` committed: wake its waiters. `posted`: the
+        backend already handed them to its inboxes (`post_responses`); otherwise the
+        inboxes are poked to read them from the database."""
         for event in self._response_waiters.get(execution_id, ()):
             event.set()
+        if not posted:
+            self._poke(execution_id)
+
+    # -- response inboxes (workflow runs on worker threads) -------------------
+    def open_inbox(self, execution_id: str) -> ResponseInbox:
+        inbox = ResponseInbox(self.commits)
+        with self._inbox_lock:
+            self._inboxes.setdefault(execution_id, []).append(inbox)
+        return inbox
+
+    def close_inbox(self, execution_id: str, inbox: ResponseInbox) -> None:
+        with self._inbox_lock:
+            inboxes = self._inboxes.get(execution_id)
+            if inboxes and inbox in inboxes:
+                inboxes.remove(inbox)
+                if not inboxes:
+                    del self._inboxes[execution_id]
+
+    def post_responses(
+        self, execution_id: str, items: Sequence[ev.StoredResponse], seq: int = 0
+    ) -> None:
+        """Hand responses to the inboxes of `execution_id` (any thread): committed, or
+        in transaction `seq` of `commits` that is being committed."""
+        with self._inbox_lock:
+            inboxes = list(self._inboxes.get(execution_id, ()))
+        for inbox in inboxes:
+            inbox.post(items, seq)
+
+    def _poke(self, execution_id: str | None = None) -> None:
+        with self._inbox_lock:
+            if execution_id is None:
+                inboxes = [i for group in self._inboxes.values() for i in group]
+            else:
+                inboxes = list(self._inboxes.get(execution_id, ()))
+        for inbox in inboxes:
+            inbox.poke()
 
     # -- cancellation of running executions ----------------------------------
     def add(self, execution_id: str, callback: Callable[[], None]) -> None:
@@ -131,11 +333,12 @@ class Notifier:
         """Wake every executor and workflow waiting, to re-check the database (a backend
         whose cross-process notifications may have been lost)."""
         for waiters in list(self._pending_waiters.values()):
-            for event in waiters:
-                event.set()
+            for flag in waiters:
+                flag.event.set()
         for responses in list(self._response_waiters.values()):
             for event in responses:
                 event.set()
+        self._poke()
         self._cancelling_changed.set()
 
     # -- generic change feed ---------------------------------------------------

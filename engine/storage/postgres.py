@@ -53,12 +53,15 @@ from engine.core.state import (
 from engine.storage.common import (
     Notes,
     PreparedBacktrace,
+    announce_direct,
     cancel_events,
     check_unpause,
+    direct_locked,
     dt,
     event_type,
     execution_row,
     frames_decoder,
+    grouped_responses,
     not_before,
     pause_events,
     prepare_backtraces,
@@ -73,6 +76,7 @@ from engine.storage.contract import (
     ComponentSource,
     Conflict,
     CreateRequest,
+    DirectLock,
     ExecutionRow,
     ExpiredDelay,
     ExpiredLock,
@@ -84,7 +88,7 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
-from engine.storage.notify import Notifier
+from engine.storage.notify import Notifier, ResponseInbox
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import Frame
 
@@ -433,6 +437,7 @@ class PostgresStorage:
         self._background: set[asyncio.Future[Any]] = set()
         self._closed = False
         self._max_batch = 500
+        self._loop = asyncio.get_running_loop()
         #: The database server's clock minus ours, in seconds, measured at open.
         self.clock_skew = 0.0
         #: Counters for benchmarks and tests.
@@ -637,14 +642,20 @@ class PostgresStorage:
     def _announce(self, notes: Notes) -> None:
         for ffqn in notes.pending:
             self.notifier.pending(ffqn)
+        for ffqn, delay in notes.pending_later.items():
+            self.notifier.pending_later(ffqn, delay)
         for execution_id, result in notes.finished:
             self.notifier.finished(execution_id, result)
+        posted = grouped_responses(notes)
+        for execution_id, items in posted.items():
+            self.notifier.post_responses(execution_id, items)
         for execution_id in notes.responses:
-            self.notifier.response(execution_id)
+            self.notifier.response(execution_id, posted=execution_id in posted)
         for execution_id in notes.cancelled:
             self.notifier.cancelled(execution_id)
         for execution_id in notes.cancelling:
             self.notifier.cancelling(execution_id)
+        announce_direct(notes)
 
     # -- the listener (other processes' commits) -----------------------------------------
     async def _listen_loop(self) -> None:
@@ -805,6 +816,50 @@ class PostgresStorage:
             ),
             _with_parent(execution_id) if finishes else (execution_id,),
         )
+
+    def append_from_thread(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> ExecutionSummary:
+        # asyncpg lives on the loop: the append runs there.
+        coro = self.append(execution_id, expected_version, events, now, extras)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def append_soon(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> asyncio.Future[ExecutionSummary]:
+        loop = self._loop
+        fut: asyncio.Future[ExecutionSummary] = loop.create_future()
+
+        def start() -> None:
+            task = loop.create_task(
+                self.append(execution_id, expected_version, events, now, extras)
+            )
+
+            def done(t: asyncio.Task[ExecutionSummary]) -> None:
+                if fut.done():  # the caller gave up: retrieve the outcome all the same
+                    if not t.cancelled():
+                        t.exception()
+                elif t.cancelled():
+                    fut.cancel()
+                elif (e := t.exception()) is not None:
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(t.result())
+
+            task.add_done_callback(done)
+
+        loop.call_soon_threadsafe(start)
+        return fut
 
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
@@ -1191,6 +1246,12 @@ class PostgresStorage:
     async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
         await self.notifier.wait_pending(ffqns, timeout)
 
+    def open_inbox(self, execution_id: str) -> ResponseInbox:
+        return self.notifier.open_inbox(execution_id)
+
+    def close_inbox(self, execution_id: str, inbox: ResponseInbox) -> None:
+        self.notifier.close_inbox(execution_id, inbox)
+
     def subscribe_cancellations(self) -> Notifier:
         return self.notifier
 
@@ -1477,38 +1538,58 @@ async def _create_many(
     if not unique:
         return
     t = us(now)
-    cols: list[list[Any]] = [[] for _ in range(9)]
+    cols: list[list[Any]] = [[] for _ in range(11)]
+    locked: dict[str, tuple[DirectLock, ExecutionSummary]] = {}
     for req in unique.values():
         created = req.created
         s = created_summary(created, now)
+        lock_blob: bytes | None = None
+        if req.lock is not None:
+            try:
+                s = apply_event(s, req.lock.locked, now)
+                locked[req.execution_id] = (req.lock, s)
+                lock_blob = ev.encode(req.lock.locked)
+            except IllegalAppend:  # not due yet: created pending
+                notes.direct.append((req.lock, None))
         state, pending_at, lock_expires_at = projection(s)
         for col, value in zip(
             cols,
             (
                 req.execution_id, created.ffqn, created.component_id.type,
                 created.parent[0] if created.parent else None, state, pending_at,
-                lock_expires_at, ev.encode(s), ev.encode(created),
+                lock_expires_at, ev.encode(s), ev.encode(created), s.next_version, lock_blob,
             ),
             strict=True,
         ):
             col.append(value)
     inserted = await c.write_rows(
         "WITH x AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
-        "$5::text[], $6::bigint[], $7::bigint[], $8::bytea[], $9::bytea[]) "
-        "AS x(id, ffqn, ctype, parent, state, pending_at, lock_expires_at, summary, created)), "
+        "$5::text[], $6::bigint[], $7::bigint[], $8::bytea[], $9::bytea[], $10::int[], "
+        "$11::bytea[]) AS x(id, ffqn, ctype, parent, state, pending_at, lock_expires_at, "
+        "summary, created, next_version, locked)), "
         "ins AS (INSERT INTO executions (execution_id, ffqn, component_type, parent_id, state, "
         "pending_at, lock_expires_at, next_version, created_at, updated_at, summary) "
-        "SELECT id, ffqn, ctype, parent, state, pending_at, lock_expires_at, 1, $10, $10, summary "
-        "FROM x ON CONFLICT (execution_id) DO NOTHING RETURNING execution_id), "
+        "SELECT id, ffqn, ctype, parent, state, pending_at, lock_expires_at, next_version, "
+        "$12, $12, summary FROM x ON CONFLICT (execution_id) DO NOTHING RETURNING execution_id), "
         "evs AS (INSERT INTO events (execution_id, version, created_at, event) "
-        "SELECT x.id, 0, $10, x.created FROM x JOIN ins ON ins.execution_id = x.id) "
+        "SELECT x.id, 0, $12, x.created FROM x JOIN ins ON ins.execution_id = x.id "
+        "UNION ALL SELECT x.id, 1, $12, x.locked FROM x JOIN ins ON ins.execution_id = x.id "
+        "WHERE x.locked IS NOT NULL) "
         "SELECT execution_id FROM ins",
         *cols,
         t,
     )
     done = {r[0] for r in inserted}
     for execution_id in done:
-        notes.pending.add(unique[execution_id].created.ffqn)
+        if execution_id in locked:
+            lock, s = locked[execution_id]
+            notes.direct.append((lock, direct_locked(unique[execution_id], lock, s)))
+        else:
+            created = unique[execution_id].created
+            notes.became_pending(created.ffqn, created.scheduled_at, now)
+    for execution_id, (lock, _) in locked.items():
+        if execution_id not in done:  # it existed already: not locked here
+            notes.direct.append((lock, None))
     existing = [eid for eid in unique if eid not in done]
     if not existing:
         return
@@ -1699,6 +1780,10 @@ async def _append(
     if due_delays:
         # The cursors the summary counted: the last len(due_delays) ones.
         first_cursor = s.responses - len(due_delays) + 1
+        notes.response_items += [
+            (execution_id, ev.StoredResponse(first_cursor + i, dt(t), d))
+            for i, d in enumerate(due_delays)
+        ]
         await c.write(
             "INSERT INTO responses (execution_id, cursor, created_at, source_id, response) "
             "SELECT $1, c, $2, src, r FROM unnest($3::int[], $4::text[], $5::bytea[]) "
@@ -1725,7 +1810,7 @@ async def _append(
                 now,
             )
     if isinstance(s.state, PendingAt):
-        notes.pending.add(s.ffqn)
+        notes.became_pending(s.ffqn, s.state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
     if extras and extras.logs:
@@ -1781,8 +1866,10 @@ async def _add_response(
         raise Conflict(f"execution {execution_id} already has a response for {source}")
     c.wrote = True
     notes.responses.add(execution_id)
+    stored = ev.StoredResponse(s.responses, dt(us(at)), response)
+    notes.response_items.append((execution_id, stored))
     if isinstance(s.state, PendingAt):
-        notes.pending.add(s.ffqn)
+        notes.became_pending(s.ffqn, s.state.scheduled_at, at)
     if s.cancelling:
         notes.cancelling.add(execution_id)
     return s

@@ -1,12 +1,14 @@
 """SQLite backend: WAL, `synchronous=FULL`, group commit, in-process notifications.
 
-All writes go through one writer task. Callers enqueue *logical transactions* (plain
-functions run on the writer connection's thread); the writer drains the queue and runs
-everything queued as one physical transaction. A failing logical transaction is rolled
-back alone and cannot poison the batch: the batch then runs again with a SAVEPOINT per
-logical transaction (`_run_batch`; the usual batch, where none fails, needs none). While
-one batch is being fsynced, the next one accumulates: concurrency turns into larger
-commits, not into more fsyncs. Readers use a second connection and never block writers.
+All writes go through one writer thread (`_Writer`). Callers enqueue *logical
+transactions* (plain functions run on the writer's connection); the writer drains the
+queue and runs everything queued as one physical transaction. A failing logical
+transaction is rolled back alone and cannot poison the batch: the batch then runs again
+with a SAVEPOINT per logical transaction (`_run_batch`; the usual batch, where none fails,
+needs none). While one batch is being fsynced, the next one accumulates: concurrency turns
+into larger commits, not into more fsyncs. The writer does not wait for the event loop
+between batches: outcomes and notifications reach the loop in one callback per batch, in
+commit order. Readers use a second connection (aiosqlite) and never block writers.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import contextlib
 import dataclasses
 import logging
 import os
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,12 +44,15 @@ from engine.core.state import (
 from engine.storage.common import (
     Notes,
     PreparedBacktrace,
+    announce_direct,
     cancel_events,
     check_unpause,
+    direct_locked,
     dt,
     event_type,
     execution_row,
     frames_decoder,
+    grouped_responses,
     not_before,
     pause_events,
     prepare_backtraces,
@@ -70,7 +77,7 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
-from engine.storage.notify import Notifier
+from engine.storage.notify import Notifier, ResponseInbox
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import Frame
 
@@ -179,24 +186,241 @@ _dt = dt
 _not_before = not_before
 _projection = projection
 _Notes = Notes
+_grouped_responses = grouped_responses
+
+
+class _ThreadReply:
+    """The outcome of a logical transaction for a caller blocked on another thread: the
+    writer hands it over directly (a lock released), without a hop through the loop."""
+
+    __slots__ = ("_done", "ok", "value")
+
+    def __init__(self) -> None:
+        self._done = threading.Lock()
+        self._done.acquire()
+        self.ok = False
+        self.value: Any = None
+
+    def set(self, ok: bool, value: Any) -> None:
+        self.ok, self.value = ok, value
+        self._done.release()
+
+    def wait(self) -> Any:
+        self._done.acquire()
+        if self.ok:
+            return self.value
+        raise self.value
 
 
 @dataclass(slots=True)
 class _Tx:
     fn: Callable[[sqlite3.Connection, _Notes], Any]
+    #: The caller's future (a caller on the event loop) ...
+    future: asyncio.Future[Any] | None
+    #: Events it appends (benchmark counters, counted once committed).
+    events: int = 0
+    #: ... or its reply (a caller on another thread).
+    reply: _ThreadReply | None = None
+
+
+@dataclass(slots=True)
+class _Call:
+    """Something to run on the writer's connection outside any batch (setup, tests)."""
+
+    fn: Callable[[sqlite3.Connection], Any]
     future: asyncio.Future[Any]
+
+
+_Outcome = tuple[bool, Any, _Notes]
+
+
+def _no_delivery(batch: list[_Tx], outcomes: list[_Outcome], wrote: bool, committed: bool) -> None:
+    for tx, (ok, value, _) in zip(batch, outcomes, strict=True):
+        if tx.future is not None:
+            _settle(tx.future, ok, value)
+        if tx.reply is not None:
+            tx.reply.set(ok, value)
+
+
+def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if fut.done():  # the caller was cancelled
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
+
+
+class _Writer:
+    """The write connection on a thread of its own, fed by a thread-safe queue.
+
+    The thread takes everything queued (up to `max_batch`) as one physical transaction,
+    commits it, and hands the outcomes to `deliver` on the event loop with one
+    `call_soon_threadsafe` per batch; it then goes on with the next batch at once
+    instead of waiting for the loop to ask for it (as a loop task feeding aiosqlite
+    did: a writer→loop→writer hop per batch, and a thread wake-up per logical
+    transaction submitted). `None` in the queue stops it after what was queued before.
+    """
+
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop, max_batch: int) -> None:
+        self.path = path
+        self.loop = loop
+        #: Set by the storage once open: (batch, outcomes, wrote, committed), on the loop.
+        self.deliver: Callable[[list[_Tx], list[_Outcome], bool, bool], None] = _no_delivery
+        #: Set by the storage: committed responses to waiting runs, from this thread...
+        self.post_responses: Callable[[str, list[ev.StoredResponse]], None] | None = None
+        #: ... or, in the usual batch, while its COMMIT is being made durable.
+        self.early: _EarlyResponses | None = None
+        self.max_batch = max_batch
+        self.conn: sqlite3.Connection | None = None
+        self._queue: queue.SimpleQueue[_Tx | _Call | None] = queue.SimpleQueue()
+        #: Serialises `put` against `stop`: nothing can be queued after the `None`.
+        self._lock = threading.Lock()
+        self._accepting = False
+        self.stopped: asyncio.Future[None] = loop.create_future()
+        self._thread = threading.Thread(target=self._main, name="obelisk-sqlite-writer", daemon=True)
+
+    @property
+    def running(self) -> bool:
+        return self._accepting and self._thread.is_alive()
+
+    async def start(self) -> None:
+        connected: asyncio.Future[None] = self.loop.create_future()
+        self._connected = connected
+        self._accepting = True
+        self._thread.start()
+        await connected
+
+    def put(self, item: _Tx | _Call) -> bool:
+        """Queue `item`; False when the writer has stopped taking work."""
+        with self._lock:
+            if not self._accepting:
+                return False
+            self._queue.put(item)
+            return True
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        fut: asyncio.Future[T] = self.loop.create_future()
+        if not self.put(_Call(fn, fut)):
+            raise StorageError(f"the writer of database {self.path} is not running")
+        return await fut
+
+    async def stop(self) -> None:
+        with self._lock:
+            if self._accepting:
+                self._accepting = False
+                self._queue.put(None)
+        if self._thread.is_alive() or not self.stopped.done():
+            await asyncio.shield(self.stopped)
+
+    # -- on the writer thread ------------------------------------------------------------
+    def _to_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def _main(self) -> None:
+        try:
+            self.conn = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False
+            )
+        except BaseException as e:
+            with self._lock:
+                self._accepting = False
+            self._to_loop(_settle, self._connected, False, e)
+            self._to_loop(_settle, self.stopped, True, None)
+            return
+        self._to_loop(_settle, self._connected, True, None)
+        try:
+            self._serve(self.conn)
+        finally:
+            with self._lock:
+                self._accepting = False
+            if self.early is not None:
+                self.early.commits.close()
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.close()
+            # Whatever is still queued (the thread died): its callers get an error.
+            leftovers: list[_Tx] = []
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, _Call):
+                    self._to_loop(_settle, item.future, False, StorageError("storage closed"))
+                elif item is not None:
+                    leftovers.append(item)
+            if leftovers:
+                error = StorageError("storage closed")
+                for tx in leftovers:
+                    if tx.reply is not None:
+                        tx.reply.set(False, error)
+                failed = [(False, error, _Notes()) for _ in leftovers]
+                self._to_loop(self.deliver, leftovers, failed, False, False)
+            self._to_loop(_settle, self.stopped, True, None)
+
+    def _serve(self, conn: sqlite3.Connection) -> None:
+        get, get_nowait = self._queue.get, self._queue.get_nowait
+        carry: _Tx | _Call | None = None
+        while True:
+            item = carry if carry is not None else get()
+            carry = None
+            if item is None:
+                return
+            if isinstance(item, _Call):
+                try:
+                    value, ok = item.fn(conn), True
+                except BaseException as e:
+                    value, ok = e, False
+                self._to_loop(_settle, item.future, ok, value)
+                continue
+            batch = [item]
+            stop = False
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                if isinstance(nxt, _Call):
+                    carry = nxt
+                    break
+                batch.append(nxt)
+            self._commit(conn, batch)
+            if stop:
+                return
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[_Tx]) -> None:
+        posted = False
+        try:
+            outcomes, wrote, posted = _run_batch_counting(conn, batch, self.early)
+            committed = True
+        except Exception as e:  # the connection itself failed
+            error = StorageError(f"database write failed: {e}")
+            outcomes, wrote, committed = [(False, error, _Notes()) for _ in batch], False, False
+        # Waiting workflow runs (unless they got their responses before the COMMIT) and
+        # callers on other threads first, straight from here: they need nothing from
+        # the loop.
+        post = self.post_responses
+        for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
+            if ok and notes.response_items and post is not None and not posted:
+                for execution_id, items in _grouped_responses(notes).items():
+                    post(execution_id, items)
+            if tx.reply is not None:
+                tx.reply.set(ok, value)
+        self._to_loop(self.deliver, batch, outcomes, wrote, committed)
 
 
 class SqliteStorage:
     """The embedded default backend. Open with `await SqliteStorage.open(path)`."""
 
-    def __init__(self, path: Path, writer: aiosqlite.Connection, reader: aiosqlite.Connection):
+    def __init__(self, path: Path, reader: aiosqlite.Connection) -> None:
         self.path = path
-        self._writer = writer
         self._reader = reader
-        self._queue: asyncio.Queue[_Tx | None] = asyncio.Queue()  # None: stop
         self.notifier = Notifier()
-        self._writer_task: asyncio.Task[None] | None = None
+        self._writer: _Writer | None = None
         self._finished_poller: asyncio.Task[None] | None = None
         self._summary_reads: dict[str, list[asyncio.Future[ExecutionSummary]]] = {}
         self._summary_read_tasks: set[asyncio.Future[None]] = set()
@@ -210,33 +434,36 @@ class SqliteStorage:
         p = Path(path)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            writer = await _connect(p)
+            writer = _Writer(p, asyncio.get_running_loop(), max_batch)
+            await writer.start()
         except (OSError, sqlite3.Error) as e:
             raise StorageError(f"cannot open database {p}: {e}") from None
         try:
-            await writer.execute("PRAGMA busy_timeout = 10000")
-            await writer._execute(_set_wal, writer._conn, str(p))  # type: ignore[no-untyped-call]
-            await writer.execute("PRAGMA synchronous = FULL")
-            await writer.execute("PRAGMA foreign_keys = OFF")
-            await writer._execute(_migrate, writer._conn, str(p))  # type: ignore[no-untyped-call]
-            await writer._execute(_check_writable, writer._conn)  # type: ignore[no-untyped-call]
+            await writer.call(lambda c: c.execute("PRAGMA busy_timeout = 10000"))
+            await writer.call(lambda c: _set_wal(c, str(p)))
+            await writer.call(lambda c: c.execute("PRAGMA synchronous = FULL"))
+            await writer.call(lambda c: c.execute("PRAGMA foreign_keys = OFF"))
+            await writer.call(lambda c: _migrate(c, str(p)))
+            await writer.call(_check_writable)
             reader = await _connect(p)
         except sqlite3.Error as e:
-            await writer.close()
+            await writer.stop()
             raise StorageError(f"cannot use database {p}: {e}") from None
         except StorageError:
-            await writer.close()
+            await writer.stop()
             raise
         try:
             await reader.execute("PRAGMA busy_timeout = 10000")
             await reader.execute("PRAGMA query_only = ON")
         except sqlite3.Error as e:
             await reader.close()
-            await writer.close()
+            await writer.stop()
             raise StorageError(f"cannot use database {p}: {e}") from None
-        storage = cls(p, writer, reader)
-        storage._max_batch = max_batch
-        storage._writer_task = asyncio.create_task(storage._write_loop(), name="sqlite-writer")
+        storage = cls(p, reader)
+        writer.deliver = storage._deliver  # no batch was queued before this
+        writer.post_responses = storage.notifier.post_responses
+        writer.early = _EarlyResponses(storage.notifier)
+        storage._writer = writer
         return storage
 
     async def close(self) -> None:
@@ -247,87 +474,59 @@ class SqliteStorage:
             self._finished_poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._finished_poller
-        task = self._writer_task
-        if task is not None and not task.done():
-            # Let the writer finish what was queued before the close, then stop: every
+        if self._writer is not None:
+            # The writer finishes what was queued before the close, then stops: every
             # caller gets its outcome instead of awaiting a future nobody completes.
-            self._queue.put_nowait(None)
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                task.cancel()
-                raise
-            except Exception:  # the writer died: its callers are failed below
-                pass
-        while not self._queue.empty():
-            tx = self._queue.get_nowait()
-            if tx is not None and not tx.future.done():
-                tx.future.set_exception(StorageError("storage closed"))
+            await self._writer.stop()
+        self.notifier.close()
         await self._reader.close()
-        await self._writer.close()
 
     # -- group commit -------------------------------------------------------------
-    _max_batch = 1000
-
-    async def _write(self, fn: Callable[[sqlite3.Connection, _Notes], T]) -> T:
+    async def _write(self, fn: Callable[[sqlite3.Connection, _Notes], T], events: int = 0) -> T:
         if self._closed:
             raise StorageError("storage closed")
-        if self._writer_task is None or self._writer_task.done():
+        writer = self._writer
+        if writer is None or not writer.running:
             raise StorageError(f"the writer of database {self.path} is not running")
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Tx(fn, fut))
+        fut: asyncio.Future[T] = writer.loop.create_future()
+        if not writer.put(_Tx(fn, fut, events)):
+            raise StorageError("storage closed")
         return await fut
 
-    async def _write_loop(self) -> None:
-        stop = False
-        while not stop:
-            queued = [await self._queue.get()]
-            while len(queued) < self._max_batch and not self._queue.empty():
-                queued.append(self._queue.get_nowait())
-            # `None` is queued by close(), always last: nothing can be queued after it.
-            batch = [tx for tx in queued if tx is not None]
-            stop = len(batch) < len(queued)
-            if batch:
-                await self._commit_batch(batch)
-
-    async def _commit_batch(self, batch: list[_Tx]) -> None:
-        try:
-            outcomes, wrote = await self._writer._execute(  # type: ignore[no-untyped-call]
-                _run_batch_counting, self._writer._conn, batch
-            )
-        except Exception as e:  # the connection itself failed
-            for tx in batch:
-                if not tx.future.done():
-                    tx.future.set_exception(StorageError(f"database write failed: {e}"))
-            return
-        self.stats["commits"] += 1
-        self.stats["logical"] += len(batch)
+    def _deliver(
+        self, batch: list[_Tx], outcomes: list[_Outcome], wrote: bool, committed: bool
+    ) -> None:
+        """On the loop, once per batch, in commit order: notifications, then outcomes."""
+        if committed:
+            self.stats["commits"] += 1
+            self.stats["logical"] += len(batch)
         for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
             if ok:
+                self.stats["events"] += tx.events
                 try:
                     self._announce(notes)
                 except Exception:  # a waiter's bug must not stop the writer
                     log.exception("notification after commit failed")
-            if tx.future.done():
-                continue
-            if ok:
-                tx.future.set_result(value)
-            else:
-                tx.future.set_exception(value)
+            if tx.future is not None:
+                _settle(tx.future, ok, value)
         if wrote:  # an idle executor's empty lock_pending is no change to watch
             self.notifier.changed()
 
     def _announce(self, notes: _Notes) -> None:
         for ffqn in notes.pending:
             self.notifier.pending(ffqn)
+        for ffqn, delay in notes.pending_later.items():
+            self.notifier.pending_later(ffqn, delay)
         for execution_id, result in notes.finished:
             self.notifier.finished(execution_id, result)
         for execution_id in notes.responses:
-            self.notifier.response(execution_id)
+            # The writer thread posted them to the waiting runs already.
+            self.notifier.response(execution_id, posted=True)
         for execution_id in notes.cancelled:
             self.notifier.cancelled(execution_id)
         for execution_id in notes.cancelling:
             self.notifier.cancelling(execution_id)
+        announce_direct(notes)
 
     # -- writes -----------------------------------------------------------------------
     async def create(self, request: CreateRequest, now: datetime) -> None:
@@ -362,15 +561,72 @@ class SqliteStorage:
         now: datetime,
         extras: AppendExtras | None = None,
     ) -> ExecutionSummary:
-        self.stats["events"] += len(events)
         backtraces = (
             _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
         )
         return await self._write(
             lambda c, n: _append(
                 c, n, execution_id, expected_version, list(events), now, extras, backtraces
-            )
+            ),
+            len(events),
         )
+
+    def append_from_thread(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> ExecutionSummary:
+        backtraces = (
+            _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
+        )
+        writer = self._writer
+        if self._closed or writer is None or not writer.running:
+            raise StorageError("storage closed")
+        reply = _ThreadReply()
+        tx = _Tx(
+            lambda c, n: _append(
+                c, n, execution_id, expected_version, list(events), now, extras, backtraces
+            ),
+            None,
+            len(events),
+            reply,
+        )
+        if not writer.put(tx):
+            raise StorageError("storage closed")
+        summary: ExecutionSummary = reply.wait()
+        return summary
+
+    def append_soon(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None = None,
+    ) -> asyncio.Future[ExecutionSummary]:
+        backtraces = (
+            _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
+        )
+        writer = self._writer
+        if writer is None:
+            raise StorageError("storage closed")
+        # Created here, completed by `_deliver` on the loop (like any loop caller's).
+        fut: asyncio.Future[ExecutionSummary] = writer.loop.create_future()
+        tx = _Tx(
+            lambda c, n: _append(
+                c, n, execution_id, expected_version, list(events), now, extras, backtraces
+            ),
+            fut,
+            len(events),
+        )
+        if self._closed or not writer.running or not writer.put(tx):
+            writer.loop.call_soon_threadsafe(
+                _settle, fut, False, StorageError("storage closed")
+            )
+        return fut
 
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
@@ -758,6 +1014,12 @@ class SqliteStorage:
     async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
         await self.notifier.wait_pending(ffqns, timeout)
 
+    def open_inbox(self, execution_id: str) -> ResponseInbox:
+        return self.notifier.open_inbox(execution_id)
+
+    def close_inbox(self, execution_id: str, inbox: ResponseInbox) -> None:
+        self.notifier.close_inbox(execution_id, inbox)
+
     def subscribe_cancellations(self) -> Notifier:
         return self.notifier
 
@@ -854,17 +1116,48 @@ def _statements(script: str) -> list[str]:
     return statements
 
 
+class _EarlyResponses:
+    """Posts a batch's responses to the waiting runs just before its COMMIT, so that a
+    workflow computes its next step while the writer waits for the fsync, instead of
+    after it. Safe because a run writes nothing before `ResponseInbox.wait_committed`
+    confirms the transaction (`Commits`); when the COMMIT fails, the runs that were given
+    its responses abort without writing (and are replayed from the database)."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+        self.commits = notifier.commits
+
+    def post(self, outcomes: list[_Outcome]) -> int:
+        """Post; the `Commits` number to settle, 0 when there was nothing to post."""
+        grouped = [
+            group
+            for ok, _, notes in outcomes
+            if ok and notes.response_items
+            for group in _grouped_responses(notes).items()
+        ]
+        if not grouped:
+            return 0
+        seq = self.commits.begin()
+        for execution_id, items in grouped:
+            self.notifier.post_responses(execution_id, items, seq)
+        return seq
+
+
 def _run_batch_counting(
-    conn: sqlite3.Connection, batch: list[_Tx]
-) -> tuple[list[tuple[bool, Any, _Notes]], bool]:
-    """`_run_batch`, and whether it changed any row."""
+    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
+) -> tuple[list[tuple[bool, Any, _Notes]], bool, bool]:
+    """`_run_batch`, whether it changed any row, and whether its responses were posted
+    before the COMMIT (`early`)."""
     before = conn.total_changes
-    outcomes = _run_batch(conn, batch)
-    return outcomes, conn.total_changes != before
+    outcomes, posted = _run_batch(conn, batch, early)
+    return outcomes, conn.total_changes != before, posted
 
 
-def _run_batch(conn: sqlite3.Connection, batch: list[_Tx]) -> list[tuple[bool, Any, _Notes]]:
-    """Run a batch of logical transactions as one physical transaction.
+def _run_batch(
+    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
+) -> tuple[list[tuple[bool, Any, _Notes]], bool]:
+    """Run a batch of logical transactions as one physical transaction; also whether its
+    responses were posted early (only on the first, usual path).
 
     First without savepoints (two statements less per logical transaction): when every
     one succeeds, which is the usual case, that is the outcome. When one raises, its
@@ -873,14 +1166,14 @@ def _run_batch(conn: sqlite3.Connection, batch: list[_Tx]) -> list[tuple[bool, A
     of the database only, so running one again is fine; the split retry below relies on
     that too.) A batch of one needs no savepoint at all: its rollback is the whole one.
     """
-    outcomes = _run_batch_plain(conn, batch)
+    outcomes = _run_batch_plain(conn, batch, early)
     if outcomes is not None:
-        return outcomes
-    return _run_batch_savepoints(conn, batch)
+        return outcomes, early is not None
+    return _run_batch_savepoints(conn, batch), False
 
 
 def _run_batch_plain(
-    conn: sqlite3.Connection, batch: list[_Tx]
+    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
 ) -> list[tuple[bool, Any, _Notes]] | None:
     """The batch without savepoints; None (after a rollback) to run it with them."""
     outcomes: list[tuple[bool, Any, _Notes]] = []
@@ -898,12 +1191,17 @@ def _run_batch_plain(
         if not conn.in_transaction:  # it ended the transaction (see the savepoint path)
             return None
         outcomes.append((True, value, notes))
+    seq = early.post(outcomes) if early is not None else 0
     try:
         conn.execute("COMMIT")
     except sqlite3.Error:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
+        if seq:
+            early.commits.settle(seq, False)  # type: ignore[union-attr]
         return None
+    if seq:
+        early.commits.settle(seq, True)  # type: ignore[union-attr]
     return outcomes
 
 
@@ -998,6 +1296,13 @@ def _write_summary(
 def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: datetime) -> None:
     created = req.created
     s = created_summary(created, now)
+    lock = req.lock
+    if lock is not None:
+        try:
+            s = apply_event(s, lock.locked, now)
+        except IllegalAppend:  # not due yet (or a lock in the past): created pending
+            notes.direct.append((lock, None))
+            lock = None
     state, pending_at, lock_expires_at = _projection(s)
     parent_id = created.parent[0] if created.parent else None
     try:
@@ -1029,15 +1334,25 @@ def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: da
         old = ev.decode_event(existing[0])
         assert isinstance(old, ev.Created)
         if old.ffqn == created.ffqn and old.params == created.params:
+            if lock is not None:
+                notes.direct.append((lock, None))  # someone else's: not locked here
             return  # idempotent re-submission
         raise Conflict(
             f"execution {req.execution_id} already exists with other parameters"
         ) from None
+    t = _us(now)
+    if lock is None:
+        conn.execute(
+            "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
+            (req.execution_id, 0, t, ev.encode(created)),
+        )
+        notes.became_pending(created.ffqn, created.scheduled_at, now)
+        return
     conn.execute(
-        "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
-        (req.execution_id, 0, _us(now), ev.encode(created)),
+        "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?),(?,?,?,?)",
+        (req.execution_id, 0, t, ev.encode(created), req.execution_id, 1, t, ev.encode(lock.locked)),
     )
-    notes.pending.add(created.ffqn)
+    notes.direct.append((lock, direct_locked(req, lock, s)))
 
 
 def _due_rows(
@@ -1247,7 +1562,7 @@ def _append(
                 pass
     _write_summary(conn, execution_id, s, now)
     if isinstance(s.state, PendingAt):
-        notes.pending.add(s.ffqn)
+        notes.became_pending(s.ffqn, s.state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
     if extras and extras.logs:
@@ -1335,11 +1650,12 @@ def _add_response(
         s = apply_response(s, response, now)
     except IllegalAppend as e:
         raise Conflict(f"execution {execution_id}: {e}") from None
+    t = _us(now)
     try:
         conn.execute(
             "INSERT INTO responses (execution_id, cursor, created_at, source_id, response) "
             "VALUES (?,?,?,?,?)",
-            (execution_id, s.responses, _us(now), source, ev.encode(response)),
+            (execution_id, s.responses, t, source, ev.encode(response)),
         )
     except sqlite3.IntegrityError:
         raise Conflict(f"execution {execution_id} already has a response for {source}") from None
@@ -1347,8 +1663,9 @@ def _add_response(
         conn.execute("DELETE FROM delays WHERE delay_id = ?", (response.delay_id,))
     _write_summary(conn, execution_id, s, now)
     notes.responses.add(execution_id)
+    notes.response_items.append((execution_id, ev.StoredResponse(s.responses, _dt(t), response)))
     if isinstance(s.state, PendingAt):
-        notes.pending.add(s.ffqn)
+        notes.became_pending(s.ffqn, s.state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
 

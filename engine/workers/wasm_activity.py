@@ -60,6 +60,7 @@ from engine.wit.types import (
     WitVariant,
     format_wit_type,
 )
+from engine.workers.gil import keep_gil
 from engine.workers.outcome import (
     LogLevel,
     LogLine,
@@ -98,60 +99,9 @@ _COMPONENT_HEADER = b"\0asm\x0d\x00\x01\x00"
 _CORE_HEADER = b"\0asm\x01\x00\x00\x00"
 
 
-# ---------------------------------------------------------------------------------------------
-# Quick wasmtime calls keep the GIL
-
-#: C functions of wasmtime that return at once and never run guest code: setting up and
-#: dropping a store, WASI configuration, looking up a function, freeing values.
-_QUICK_C_FUNCTIONS = (
-    "wasmtime_store_new",
-    "wasmtime_store_context",
-    "wasmtime_store_delete",
-    "wasmtime_store_epoch_deadline_callback",
-    "wasmtime_context_set_epoch_deadline",
-    "wasmtime_engine_increment_epoch",
-    "wasi_config_new",
-    "wasi_config_set_env",
-    "wasi_config_set_stdout_custom",
-    "wasi_config_set_stderr_custom",
-    "wasmtime_context_set_wasi",
-    "wasmtime_context_set_wasi_http",
-    "wasmtime_component_instance_get_func",
-    "wasmtime_component_val_delete",
-    "wasmtime_component_export_index_delete",
-)
-
-
-def _keep_gil_in_quick_calls() -> None:
-    """Bind the `_QUICK_C_FUNCTIONS` of wasmtime-py through `ctypes.PyDLL`.
-
-    wasmtime-py loads the library with `CDLL`: every call releases the GIL and takes it
-    back, some twenty times per activity run. With the event loop, the SQLite writer and
-    other runs all wanting the GIL on another core, each of those hand-offs is a cross-core
-    wake-up that costs far more than the call (measured: -25% CPU per trivial execution
-    in `bench/activity_throughput.py`). Calls that run guest code (instantiate, call,
-    post-return) still release the GIL: a long guest must not stop the other threads, and
-    the epoch ticker needs the GIL to interrupt it. Same library handle, same signatures;
-    a name this wasmtime-py version does not have is left alone.
-    """
-    try:
-        from wasmtime import _bindings as bindings
-
-        quick = ctypes.PyDLL(ffi.dll._name)
-    except (ImportError, AttributeError, OSError) as e:  # pragma: no cover - other versions
-        _log.debug("quick wasmtime calls keep releasing the GIL: %s", e)
-        return
-    for name in _QUICK_C_FUNCTIONS:
-        current = getattr(bindings, f"_{name}", None)
-        if current is None or not hasattr(quick, name):
-            continue
-        fn = getattr(quick, name)
-        fn.restype = current.restype
-        fn.argtypes = current.argtypes
-        setattr(bindings, f"_{name}", fn)
-
-
-_keep_gil_in_quick_calls()
+# Quick wasmtime calls keep the GIL (measured: -25% CPU per trivial execution in
+# `bench/activity_throughput.py`; see `engine.workers.gil`).
+keep_gil()
 
 
 class ComponentLoadError(Exception):

@@ -13,14 +13,21 @@ import asyncio
 import contextlib
 import logging
 import threading
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from engine.components import Registry
 from engine.core import events as ev
 from engine.core.state import Locked, on_temporary_failure
 from engine.executor import BaseExecutor, _ok_type
-from engine.storage.contract import AppendExtras, Conflict, LockedExecution, NotFound
+from engine.storage.contract import (
+    AppendExtras,
+    Conflict,
+    DirectLock,
+    LockedExecution,
+    NotFound,
+)
 from engine.wit.codec import WitValueError, validate_json
 from engine.workflow.host import ReplayHost
 from engine.workflow.host_api import RunAborted
@@ -33,10 +40,19 @@ class WorkflowExecutor(BaseExecutor):
 
     with_log = True
 
-    def __init__(self, *args: Any, registry: Registry, deployment_id: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        registry: Registry,
+        deployment_id: str,
+        direct_locks: Callable[[str, datetime], DirectLock | None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.registry = registry
         self.deployment_id = deployment_id
+        #: Children locked as they are created by an activity executor of this process.
+        self.direct_locks = direct_locks
         self.retry = ev.RetryConfig(None, self.component.config.retry_exp_backoff_ms)
         self._on_stop: dict[str, Any] = {}
 
@@ -59,6 +75,7 @@ class WorkflowExecutor(BaseExecutor):
             deployment_id=self.deployment_id,
             lock_expiry=timedelta(milliseconds=cfg.exec.lock_expiry_ms),
             strategy=cfg.blocking_strategy,
+            direct_locks=self.direct_locks,
         )
         host.retry_config = self.retry
         runner = self.component.runner
@@ -78,6 +95,7 @@ class WorkflowExecutor(BaseExecutor):
             )
         finally:
             self._on_stop.pop(locked.execution_id, None)
+            host.close()
         if self._stopping and host.aborted is not None and host.aborted.kind == "closing":
             with contextlib.suppress(Conflict):
                 await self.storage.append(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import logging
@@ -34,12 +35,14 @@ from engine.storage.contract import (
     AppendExtras,
     Conflict,
     CreateRequest,
+    DirectLock,
     LockedExecution,
     NotFound,
     Storage,
     StorageError,
     VersionConflict,
 )
+from engine.storage.notify import ResponseInbox
 from engine.wit.codec import WitValueError, validate_json
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import (
@@ -63,6 +66,9 @@ T = TypeVar("T")
 LOCK_EXTENSION_LEEWAY = timedelta(milliseconds=100)
 #: Buffered events are written once this many are waiting, even without a blocking call.
 MAX_BUFFERED = 200
+#: Seconds a waiting run goes without looking at the database (responses written by
+#: other processes sharing it are not posted to its inbox).
+RESPONSE_RECHECK = 1.0
 
 
 class Nondeterminism(Exception):
@@ -117,8 +123,11 @@ class ReplayHost:
         deployment_id: str,
         lock_expiry: timedelta,
         strategy: str,
+        direct_locks: Callable[[str, datetime], DirectLock | None] | None = None,
     ) -> None:
         assert locked.events is not None and locked.responses is not None
+        #: Asks an executor of this process to lock a child as it is created (FFQN, now).
+        self.direct_locks = direct_locks
         self.execution_id = locked.execution_id
         self._eid = ExecutionId.parse(locked.execution_id)
         self.storage = storage
@@ -163,6 +172,12 @@ class ReplayHost:
         #: blocking call; until then the execution is PendingAt, due at the old expiry).
         self._extension_due = False
         self._waiting: concurrent.futures.Future[Any] | None = None
+        #: Responses committed once it is open come here (no database read, no loop
+        #: hop); opened before the first write or wait (a replay may need neither)...
+        self._inbox: ResponseInbox | None = None
+        #: ... and the database may know responses the inbox did not bring: those
+        #: committed before it opened, those of other processes.
+        self._stale = True
         #: While set, `flush` raises `_StaleView` for an append the state machine refused.
         self._stale_ok = False
         self.on_interrupt: list[Any] = []  # runtime callbacks (e.g. stop spinning JS)
@@ -171,7 +186,19 @@ class ReplayHost:
     # plumbing
     # ------------------------------------------------------------------------------
     def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            self._committed()
+        except RunAborted:
+            coro.close()
+            raise
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def _committed(self) -> None:
+        """Before anything is written: the responses this run was given before their
+        transaction was durable (`ResponseInbox`) did commit; a run that computed with
+        one that was rolled back stops without writing (a new run replays the log)."""
+        if self._inbox is not None and not self._inbox.wait_committed():
+            raise self._abort("lock_lost", "a response it was given was not committed")
 
     def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
         """`_sync` for a read that may wait long: `interrupt()` cancels it at once."""
@@ -187,6 +214,16 @@ class ReplayHost:
         finally:
             self._waiting = None
 
+    def close(self) -> None:
+        """The run is over: no more responses for it."""
+        if self._inbox is not None:
+            self.storage.close_inbox(self.execution_id, self._inbox)
+
+    def _open_inbox(self) -> ResponseInbox:
+        if self._inbox is None:
+            self._inbox = self.storage.open_inbox(self.execution_id)
+        return self._inbox
+
     def interrupt(self, kind: str, detail: str = "") -> None:
         """Stop the run from outside (cancellation, pause, shutdown). Thread-safe."""
         if self.aborted is None:
@@ -195,6 +232,8 @@ class ReplayHost:
         waiting = self._waiting
         if waiting is not None:
             waiting.cancel()
+        if self._inbox is not None:
+            self._inbox.wake()
         for callback in self.on_interrupt:
             callback()
 
@@ -279,6 +318,7 @@ class ReplayHost:
         if not events and not expiring and not lead:
             return None
         self._check()
+        self._committed()
         lock_expires_at = self.lock_expires_at
         if lead is None:
             lead = self._take_lead(now)
@@ -290,17 +330,26 @@ class ReplayHost:
             + [self.stack if isinstance(e, ev.HistoryEvent) else [] for e in extra or ()]
         )
         events = lead + events
+        creates = self._with_direct_locks(self._creates, now)
         extras = AppendExtras(
-            creates=self._creates,
+            creates=creates,
             logs=self.logs,
             run_id=self.run_id,
             backtraces=[(i, frames) for i, frames in enumerate(stacks) if frames],
             component_digest=self.component_id.digest,
         )
+        self._open_inbox()  # before the commit: see below
         try:
-            summary = self._sync(
-                self.storage.append(self.execution_id, self.version, events, now, extras)
-            )
+            try:
+                # Straight to the storage's writer from this thread (no loop hop).
+                summary = self.storage.append_from_thread(
+                    self.execution_id, self.version, events, now, extras
+                )
+            except BaseException:
+                for c in creates:
+                    if c.lock is not None:
+                        c.lock.release()
+                raise
         except VersionConflict as e:
             raise self._abort("lock_lost", str(e)) from None
         except Conflict as e:
@@ -314,7 +363,31 @@ class ReplayHost:
         self.logs = []
         self._extension_due = False
         self.version = summary.next_version
+        # The inbox was open before this commit: every later response will come to it,
+        # so the database knows more only if it counted more responses than we have.
+        self._pull_inbox()
+        self._stale = summary.responses > self.max_cursor
         return summary
+
+    def _with_direct_locks(
+        self, creates: list[CreateRequest], now: datetime
+    ) -> list[CreateRequest]:
+        """The creations of this write, children locked at once by an idle executor of
+        this process where one takes them (`Storage` `CreateRequest.lock`): the child
+        runs as soon as the write commits, without a pending notification and a lock
+        transaction of its own. (Asked for at each write, so a write that is retried
+        asks again and a failed one gives the slots back.)"""
+        direct = self.direct_locks
+        if direct is None or not creates:
+            return creates
+        out = []
+        for c in creates:
+            if c.created.parent is not None and c.created.scheduled_at <= now:
+                lock = direct(c.created.ffqn, now)
+                if lock is not None:
+                    c = dataclasses.replace(c, lock=lock)
+            out.append(c)
+        return out
 
     def _extension(self, now: datetime) -> ev.Locked:
         self.lock_expires_at = now + self.lock_expiry
@@ -511,9 +584,43 @@ class ReplayHost:
         return None
 
     def _fetch_responses(self, timeout: float) -> None:
-        self._add_responses(
-            self._wait(self.storage.wait_for_response(self.execution_id, self.max_cursor, timeout))
-        )
+        """Bring in the responses that arrived, waiting up to `timeout` seconds for the
+        first new one. With `timeout` 0: what is committed now (the database is read
+        unless the inbox brought something)."""
+        inbox = self._open_inbox()
+        if self._pull_inbox():
+            return
+        if self._stale or timeout <= 0:
+            self._stale = False
+            found = self._sync(self.storage.get_responses(self.execution_id, self.max_cursor))
+            self._add_responses(found)
+            if found or timeout <= 0:
+                return
+        # Other processes sharing the database do not post: re-read now and then.
+        items, poked = inbox.take(min(timeout, RESPONSE_RECHECK))
+        if not (items or poked):
+            self._stale = True  # nothing came: look at the database next time
+        if not self._accept(items) or poked:
+            self._stale = True
+
+    def _pull_inbox(self) -> bool:
+        """Take what the inbox holds now; True when it brought a new response."""
+        items, poked = self._open_inbox().take(0)
+        before = self.max_cursor
+        if not self._accept(items) or poked:
+            self._stale = True
+        return self.max_cursor > before
+
+    def _accept(self, items: list[ev.StoredResponse]) -> bool:
+        """Add posted responses in cursor order; False on a gap (one we were not
+        given, e.g. written by another process: the database has it)."""
+        for r in sorted(items, key=lambda r: r.cursor):
+            if r.cursor <= self.max_cursor:
+                continue  # read from the database already
+            if r.cursor != self.max_cursor + 1:
+                return False
+            self._add_responses([r])
+        return True
 
     def _answer(self, js: _JoinSet, stored: ev.StoredResponse) -> JoinNextAnswer:
         r = stored.response

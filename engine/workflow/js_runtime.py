@@ -152,6 +152,7 @@ from quickjs_rs import (
     Runtime,
 )
 
+from engine.workers.gil import keep_gil, quick
 from engine.workers.js_activity import (
     DEFAULT_MEMORY_LIMIT,
     _parse_json_result,
@@ -172,6 +173,10 @@ from engine.workflow.host_api import (
     WorkflowCallError,
     WorkflowHost,
 )
+
+# Memory reads and writes, export lookups and type conversions of every guest call and
+# host callback keep the GIL (`engine.workers.gil`).
+keep_gil()
 
 __all__ = [
     "DEFAULT_LOAD_TIMEOUT",
@@ -978,6 +983,20 @@ _VAL_FIELDS = ("i32", "i64", "f32", "f64")
 #: type); the same for every instance of the QuickJS guest module.
 _SIGNATURES: dict[str, tuple[tuple[int, ...], int, Any, Any]] = {}
 
+#: Guest exports that run no JS code (allocation, strings, numbers, handles): called
+#: without releasing the GIL (`engine.workers.gil`). Everything else — evaluating,
+#: calling, property access (getters, proxies), pending jobs — may run the workflow's
+#: code for as long as it likes and releases the GIL as usual.
+_QUICK_EXPORTS = frozenset(
+    {
+        "qjs_alloc", "qjs_free", "qjs_last_len", "qjs_last_ptr", "qjs_result_free",
+        "get_string", "get_number", "get_bool", "get_bigint", "new_string", "new_number",
+        "new_bool", "new_null", "new_undefined", "new_object", "new_array", "free_value",
+        "dup_handle", "type_of", "is_promise", "promise_state", "global_object",
+        "set_max_stack_size", "set_memory_limit",
+    }
+)
+
 
 def _fast_guest_calls(inst: Any) -> bool:
     """Replace `inst.c` (quickjs-rs's "call a guest export") by a leaner equivalent.
@@ -1010,13 +1029,14 @@ def _fast_guest_calls(inst: Any) -> bool:
         exports = inst._exports
         cur = qjs_engine._CUR
         func_call = ffi.wasmtime_func_call
+        quick_call = quick("wasmtime_func_call") or func_call
         val_t = ffi.wasmtime_val_t
         trap_ptr_t = ctypes.POINTER(ffi.wasm_trap_t)
         byref = ctypes.byref
         maybe_raise_last_exn = wasmtime_func.maybe_raise_last_exn
-        cache: dict[str, tuple[Any, tuple[int, ...], int, Any, Any]] = {}
+        cache: dict[str, tuple[Any, tuple[int, ...], int, Any, Any, Any]] = {}
 
-        def signature(name: str) -> tuple[Any, tuple[int, ...], int, Any, Any]:
+        def signature(name: str) -> tuple[Any, tuple[int, ...], int, Any, Any, Any]:
             fn = exports[name]
             sig = _SIGNATURES.get(name)
             if sig is None:
@@ -1027,7 +1047,8 @@ def _fast_guest_calls(inst: Any) -> bool:
                     raise TypeError(f"guest export {name} returns several values")
                 sig = (params, results[0] if results else -1, val_t * len(params), val_t * 1)
                 _SIGNATURES[name] = sig
-            entry = (fn._func, *sig)
+            call = quick_call if name in _QUICK_EXPORTS else func_call
+            entry = (fn._func, *sig, call)
             cache[name] = entry
             return entry
 
@@ -1035,7 +1056,7 @@ def _fast_guest_calls(inst: Any) -> bool:
             entry = cache.get(name)
             if entry is None:
                 entry = signature(name)
-            func, param_kinds, result_kind, params_t, results_t = entry
+            func, param_kinds, result_kind, params_t, results_t, call = entry
             if len(args) != len(param_kinds):
                 raise WasmtimeError(
                     f"{name}: given {len(args)} parameters, expected {len(param_kinds)}"
@@ -1050,7 +1071,7 @@ def _fast_guest_calls(inst: Any) -> bool:
             cur.inst = inst
             try:
                 trap = trap_ptr_t()
-                error = func_call(
+                error = call(
                     store._context(),
                     byref(func),
                     params,

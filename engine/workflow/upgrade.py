@@ -89,6 +89,9 @@ class DryRunHost(ReplayHost):
 
     _wait = _sync  # waiting for responses: only past the end of the history too
 
+    def _fetch_responses(self, timeout: float) -> None:
+        raise self._abort(self.COMPATIBLE, "the new code went past the end of the history")
+
     def flush(self, extra: list[ev.Event] | None = None, *args: Any, **kwargs: Any) -> Any:
         if self._buffer or extra:
             raise self._abort(self.COMPATIBLE, "the new code writes new history")

@@ -6,6 +6,7 @@ import pytest
 
 from engine.core import events as ev
 from engine.core.state import replay_stored
+from engine.storage.contract import ListFilter
 from tests.engine.conftest import StartEngine
 
 STEP_JS = """
@@ -157,3 +158,33 @@ async def test_child_error_can_be_caught(start_engine: StartEngine) -> None:
     engine = await start_engine(toml, files=files)
     eid = await engine.submit("myapp:demo/workflow.failing", [])
     assert await engine.result(eid, timeout=30) == ev.ResultOk("caught")
+
+
+async def test_children_are_locked_as_they_are_created_by_an_idle_executor(
+    start_engine: StartEngine,
+) -> None:
+    # The activity executor waits with nothing due: each child of the serial workflow is
+    # locked for it in the transaction that creates it (no lock transaction of its own),
+    # and runs and answers like any other.
+    toml = deployment().replace("    exec.tick_sleep.milliseconds = 20\n", "", 1)
+    engine = await start_engine(toml, files=FILES)
+    [activity] = [e for e in engine.executors if e.name == "step"]
+    eid = await engine.submit("myapp:demo/workflow.serial", [])
+    assert await engine.result(eid, timeout=30) == ev.ResultOk("45")
+    await check_legal(engine, eid)
+    children = [
+        row.execution_id
+        for row in await engine.storage.list_executions(ListFilter(limit=100))
+        if row.parent_id == eid
+    ]
+    assert len(children) == 10
+    direct = 0
+    for child in children:
+        events = await check_legal(engine, child)
+        created, locked = events[0], events[1]
+        assert isinstance(locked.event, ev.Locked)
+        assert locked.event.executor_id == activity.executor_id
+        direct += created.created_at == locked.created_at
+    # Nearly all: a child created while the executor is between two waits (locking
+    # nothing, once per tick) is locked the usual way.
+    assert direct >= 8, direct

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace as dataclass_replace
 from datetime import timedelta
 
 import pytest
 
 from engine.core import events as ev
+from engine.core.ids import new_run_id
 from engine.core.state import (
     BlockedByJoinSet,
     Cancelling,
+    ExecutionSummary,
     Finished,
     Locked,
     LockRef,
@@ -26,6 +29,7 @@ from engine.core.state import (
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
+    CreateRequest,
     ExpiredDelay,
     ListFilter,
     LockedExecution,
@@ -349,6 +353,44 @@ async def test_concurrent_appends_at_one_version_only_one_wins(storage: Storage)
     assert kinds(await storage.get_events(eid)) == ["created", "locked", "finished"]
 
 
+async def test_append_from_thread_writes_and_refuses_like_append(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    [child] = p.children
+    le = await lock(storage, child, 3)
+    with pytest.raises(VersionConflict):
+        await asyncio.to_thread(
+            storage.append_from_thread, child, le.next_version + 1, [ev.Finished(OK42)], at(4)
+        )
+    s = await asyncio.to_thread(
+        storage.append_from_thread, child, le.next_version, [ev.Finished(OK42)], at(4)
+    )
+    assert s == await storage.get_summary(child)
+    assert s.result == OK42
+    # The parent's response came with it, as with `append`.
+    [response] = await storage.get_responses(p.parent)
+    assert response.response == ev.ChildExecutionFinished(child, p.JOIN_SET, 2, OK42)
+    with pytest.raises(Conflict):  # nothing after finished
+        await asyncio.to_thread(
+            storage.append_from_thread, child, s.next_version, [ev.Finished(OK42)], at(5)
+        )
+
+
+async def test_append_soon_from_a_thread_completes_on_the_loop(storage: Storage) -> None:
+    eid = await create(storage)
+    le = await lock(storage, eid, 1)
+    wrong = await asyncio.to_thread(
+        storage.append_soon, eid, le.next_version + 1, [ev.Finished(OK42)], at(2)
+    )
+    with pytest.raises(VersionConflict):
+        await asyncio.wait_for(wrong, 5)
+    written = await asyncio.to_thread(
+        storage.append_soon, eid, le.next_version, [ev.Finished(OK42)], at(2)
+    )
+    s = await asyncio.wait_for(written, 5)
+    assert s.result == OK42
+    assert s == await storage.get_summary(eid)
+
+
 async def test_append_illegal_transition_conflicts(storage: Storage) -> None:
     eid = await create(storage)
     # Unlocked needs a locked execution.
@@ -595,6 +637,127 @@ async def test_child_failure_reaches_parent(storage: Storage) -> None:
     await storage.append(child, le.next_version, [ev.Finished(failure)], at(20))
     [r] = await storage.get_responses(p.parent)
     assert r.response == ev.ChildExecutionFinished(child, "g:1", le.next_version, failure)
+
+
+# ---------------------------------------------------------------------------------------
+# direct locks (a child locked in the transaction that creates it)
+# ---------------------------------------------------------------------------------------
+
+
+class RecordingLock:
+    """A `DirectLock` that records what the storage hands over (an executor would run
+    it)."""
+
+    def __init__(self, executor: Executor, now: float, expiry: float = 10.0) -> None:
+        self.locked = ev.Locked(
+            executor.component, executor.executor_id, new_run_id(), at(now + expiry), RETRY
+        )
+        self.handed: list[LockedExecution | None] = []
+        self.released = 0
+
+    def taken(self, execution: LockedExecution | None) -> None:
+        self.handed.append(execution)
+
+    def release(self) -> None:
+        self.released += 1
+
+
+async def submit_children(
+    storage: Storage, locks: list[RecordingLock | None], now: float = 2
+) -> tuple[str, list[str], ExecutionSummary]:
+    """A workflow that submits one child per entry of `locks` (locked directly where
+    given) and blocks on them."""
+    parent = await create(storage, WORKFLOW_FFQN)
+    wf = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    js = "g:1"
+    children = [child_id(parent, js, n + 1) for n in range(len(locks))]
+    history: list[ev.Event] = [ev.HistoryEvent(ev.JoinSetCreate(js))]
+    history += [
+        ev.HistoryEvent(ev.JoinSetRequest(js, ev.ChildExecutionRequest(c, ACTIVITY_FFQN, [n])))
+        for n, c in enumerate(children)
+    ]
+    history.append(ev.HistoryEvent(ev.JoinNext(js, run_expires_at=wf.lock_expires_at)))
+    creates = [
+        CreateRequest(
+            c,
+            create_request(c, ACTIVITY_FFQN, params=[n], parent=(parent, js)).created,
+            lock,
+        )
+        for n, (c, lock) in enumerate(zip(children, locks, strict=True))
+    ]
+    s = await storage.append(
+        parent, wf.next_version, history, at(now), AppendExtras(creates=creates)
+    )
+    return parent, children, s
+
+
+async def test_a_child_created_with_a_direct_lock_is_locked_and_handed_over(
+    storage: Storage,
+) -> None:
+    exr = Executor([ACTIVITY_FFQN])
+    direct = RecordingLock(exr, 2)
+    parent, (locked_child, pending_child), _ = await submit_children(storage, [direct, None])
+    # Created and locked in one transaction, at one time.
+    events = await storage.get_events(locked_child)
+    assert kinds(events) == ["created", "locked"]
+    assert [e.created_at for e in events] == [at(2), at(2)]
+    assert events[1].event == direct.locked
+    s = await storage.get_summary(locked_child)
+    assert s.state == Locked(exr.executor_id, direct.locked.run_id, at(12))
+    [handed] = direct.handed
+    assert handed == LockedExecution(
+        execution_id=locked_child,
+        ffqn=ACTIVITY_FFQN,
+        params=[0],
+        next_version=2,
+        run_id=direct.locked.run_id,
+        lock_expires_at=at(12),
+        parent=(parent, "g:1"),
+        summary=s,
+    )
+    assert direct.released == 0
+    # Only the other child is there for executors to lock.
+    found = await storage.lock_pending(**exr.lock_args(at(3)))
+    assert [le.execution_id for le in found] == [pending_child]
+    # And it runs to the end like any locked child: the parent gets its response.
+    await storage.append(locked_child, handed.next_version, [ev.Finished(OK42)], at(4))
+    [response] = await storage.get_responses(parent)
+    assert response.response == ev.ChildExecutionFinished(locked_child, "g:1", 2, OK42)
+
+
+async def test_a_direct_lock_is_not_taken_when_the_execution_exists_or_is_not_due(
+    storage: Storage,
+) -> None:
+    exr = Executor([ACTIVITY_FFQN])
+    request = create_request()
+    await storage.create(request, at(0))
+    again = RecordingLock(exr, 1)
+    await storage.create(dataclass_replace(request, lock=again), at(1))  # idempotent
+    assert again.handed == [None]
+    assert kinds(await storage.get_events(request.execution_id)) == ["created"]
+    later = RecordingLock(exr, 1)
+    future = CreateRequest(new_id(), create_request(scheduled_at=at(60)).created, later)
+    await storage.create(future, at(1))
+    assert later.handed == [None]
+    s = await storage.get_summary(future.execution_id)
+    assert s.state == PendingAt(at(60))
+
+
+async def test_a_failed_transaction_hands_no_direct_lock_over(storage: Storage) -> None:
+    exr = Executor([ACTIVITY_FFQN])
+    direct = RecordingLock(exr, 2)
+    parent = await create(storage, WORKFLOW_FFQN)
+    wf = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    child = child_id(parent, "g:1")
+    request = ev.HistoryEvent(
+        ev.JoinSetRequest("g:1", ev.ChildExecutionRequest(child, ACTIVITY_FFQN, []))
+    )
+    creates = [CreateRequest(child, create_request(child, parent=(parent, "g:1")).created, direct)]
+    with pytest.raises(Conflict):  # no join set g:1
+        await storage.append(parent, wf.next_version, [request], at(2), AppendExtras(creates))
+    assert direct.handed == []
+    with pytest.raises(NotFound):
+        await storage.get_summary(child)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1182,12 +1345,83 @@ async def test_wait_for_pending_wakes_on_create(storage: Storage) -> None:
 
 
 async def test_wait_for_pending_wakes_when_a_parent_is_unblocked(storage: Storage) -> None:
-    p = await BlockedParent.build(storage)
+    p = await BlockedParent.build(storage)  # its run's lock expires at 11
     le = await lock(storage, p.children[0], 3)
     waiter = asyncio.create_task(storage.wait_for_pending([WORKFLOW_FFQN], 30))
     await asyncio.sleep(0)
-    await storage.append(p.children[0], le.next_version, [ev.Finished(OK42)], at(4))
+    # After the expiry: the parent is due at once (its run is presumed gone).
+    await storage.append(p.children[0], le.next_version, [ev.Finished(OK42)], at(12))
     await asyncio.wait_for(waiter, 5)
+
+
+async def test_wait_for_pending_wakes_when_the_execution_becomes_due(storage: Storage) -> None:
+    # A response before the expiry leaves the parent to its warm run until the lock
+    # expires: its executor is woken then, not at once (it would lock nothing).
+    p = await BlockedParent.build(storage)  # its run's lock expires at 11
+    le = await lock(storage, p.children[0], 3)
+    loop = asyncio.get_running_loop()
+    waiter = asyncio.create_task(storage.wait_for_pending([WORKFLOW_FFQN], 30))
+    await asyncio.sleep(0)
+    start = loop.time()
+    await storage.append(p.children[0], le.next_version, [ev.Finished(OK42)], at(10.7))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await asyncio.wait_for(waiter, 5)
+    assert loop.time() - start >= 0.25  # due 0.3 s after the response
+
+
+async def test_wait_for_pending_keeps_a_wake_up_that_came_between_waits(
+    storage: Storage,
+) -> None:
+    # An executor is busy (locking) when the next execution is created: its next wait
+    # returns at once instead of sleeping through its tick.
+    await storage.wait_for_pending([ACTIVITY_FFQN], 0.01)  # subscribed, nothing came
+    await create(storage, ACTIVITY_FFQN)  # announced while nobody waits
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await storage.wait_for_pending([ACTIVITY_FFQN], 30)
+    assert loop.time() - start < 5
+    # Consumed: the next wait does wait.
+    start = loop.time()
+    await storage.wait_for_pending([ACTIVITY_FFQN], 0.2)
+    assert loop.time() - start >= 0.15
+
+
+async def test_inbox_gets_the_responses_committed_after_it_opened(storage: Storage) -> None:
+    p = await BlockedParent.build(storage, n_children=2)
+    c1, c2 = p.children
+    locked = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3)))
+    version = {le.execution_id: le.next_version for le in locked}
+    await storage.append(c1, version[c1], [ev.Finished(OK42)], at(4))
+    inbox = storage.open_inbox(p.parent)
+    try:
+        assert await asyncio.to_thread(inbox.take, 0) == ([], False)  # c1 came before
+        await storage.append(c2, version[c2], [ev.Finished(ev.ResultOk(7))], at(5))
+        items, poked = await asyncio.to_thread(inbox.take, 5)
+        # Exactly what a read returns, without reading.
+        assert items == (await storage.get_responses(p.parent))[1:]
+        assert [r.response.child_execution_id for r in items] == [c2]  # type: ignore[union-attr]
+        assert not poked
+        # `wake` (an interrupt) ends a wait at once.
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        waiting = asyncio.create_task(asyncio.to_thread(inbox.take, 30))
+        await asyncio.sleep(0.05)
+        inbox.wake()
+        assert await asyncio.wait_for(waiting, 5) == ([], False)
+        assert loop.time() - start < 5
+    finally:
+        storage.close_inbox(p.parent, inbox)
+
+
+async def test_closed_inbox_gets_nothing(storage: Storage) -> None:
+    p = await BlockedParent.build(storage)
+    [child] = p.children
+    le = await lock(storage, child, 3)
+    inbox = storage.open_inbox(p.parent)
+    storage.close_inbox(p.parent, inbox)
+    await storage.append(child, le.next_version, [ev.Finished(OK42)], at(4))
+    assert await asyncio.to_thread(inbox.take, 0) == ([], False)
 
 
 async def test_wait_for_pending_returns_after_timeout(storage: Storage) -> None:

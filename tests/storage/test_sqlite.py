@@ -74,7 +74,10 @@ async def test_wal_and_synchronous_full(storage: SqliteStorage, db_path: Path) -
     with raw(db_path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     # synchronous is per connection: ask the writer's.
-    [(level,)] = await storage._writer.execute_fetchall("PRAGMA synchronous")
+    assert storage._writer is not None
+    [(level,)] = await storage._writer.call(
+        lambda c: c.execute("PRAGMA synchronous").fetchall()
+    )
     assert level == 2  # FULL
 
 

@@ -1,0 +1,117 @@
+"""Quick wasmtime C calls that keep the GIL.
+
+wasmtime-py loads its library with `ctypes.CDLL`: every call releases the GIL and takes
+it back. When other threads want the GIL (the event loop, the SQLite writer, other runs,
+a hundred workflow threads), each release is a hand-off: the calling thread sleeps until
+it gets the GIL back, a cross-core wake-up that costs far more than the call itself. A
+trivial activity run makes some twenty such calls, a JS workflow ~460 per run plus ~29 per
+host call (`engine.workflow.js_runtime`).
+
+`keep_gil()` rebinds the functions of `QUICK_C_FUNCTIONS` — they return at once and never
+run guest code — through `ctypes.PyDLL` (same library handle, same signatures), in
+wasmtime-py's `_bindings` module, for every user of wasmtime-py. `quick(name)` gives a
+GIL-keeping binding of any function without installing it, for callers that know a call
+is short (`wasmtime_func_call` of the QuickJS guest's bridge exports). Calls that may run
+long guest code (instantiate, calling user code) must keep releasing the GIL: a long
+guest must not stop the other threads, and the epoch ticker needs the GIL to interrupt it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+log = logging.getLogger("obelisk.wasm")
+
+#: C functions of wasmtime that return at once and never run guest code: setting up and
+#: dropping a store, WASI configuration, looking up exports and types, reading memory
+#: bounds, freeing values. (A host callback's parameter conversion uses the type calls.)
+QUICK_C_FUNCTIONS = (
+    "wasmtime_store_new",
+    "wasmtime_store_context",
+    "wasmtime_store_delete",
+    "wasmtime_store_epoch_deadline_callback",
+    "wasmtime_store_limiter",
+    "wasmtime_context_set_epoch_deadline",
+    "wasmtime_engine_increment_epoch",
+    "wasi_config_new",
+    "wasi_config_set_env",
+    "wasi_config_inherit_stdout",
+    "wasi_config_inherit_stderr",
+    "wasi_config_set_stdout_custom",
+    "wasi_config_set_stderr_custom",
+    "wasmtime_context_set_wasi",
+    "wasmtime_context_set_wasi_http",
+    "wasmtime_component_instance_get_func",
+    "wasmtime_component_val_delete",
+    "wasmtime_component_export_index_delete",
+    "wasmtime_instance_export_nth",
+    "wasmtime_instance_export_get",
+    "wasmtime_caller_context",
+    "wasmtime_caller_export_get",
+    "wasmtime_memory_data",
+    "wasmtime_memory_data_size",
+    "wasmtime_memory_size",
+    "wasmtime_memory_grow",
+    "wasmtime_memory_type",
+    "wasmtime_global_type",
+    "wasmtime_global_get",
+    "wasmtime_global_set",
+    "wasmtime_func_type",
+    "wasmtime_val_unroot",
+    "wasm_valtype_new",
+    "wasm_valtype_kind",
+    "wasm_valtype_delete",
+    "wasm_functype_params",
+    "wasm_functype_results",
+    "wasm_functype_delete",
+    "wasm_globaltype_content",
+    "wasm_globaltype_delete",
+    "wasm_memorytype_delete",
+)
+
+_pydll: ctypes.PyDLL | None = None
+_installed = False
+
+
+def _library() -> ctypes.PyDLL | None:
+    global _pydll
+    if _pydll is None:
+        try:
+            from wasmtime import _ffi as ffi
+
+            _pydll = ctypes.PyDLL(ffi.dll._name)
+        except (ImportError, AttributeError, OSError) as e:  # pragma: no cover
+            log.debug("quick wasmtime calls keep releasing the GIL: %s", e)
+            return None
+    return _pydll
+
+
+def quick(name: str) -> Any | None:
+    """A binding of wasmtime's C function `name` that keeps the GIL, with wasmtime-py's
+    signature; None when this wasmtime-py version has no such function."""
+    from wasmtime import _bindings as bindings
+
+    library = _library()
+    current = getattr(bindings, f"_{name}", None)
+    if library is None or current is None or not hasattr(library, name):
+        return None
+    fn = getattr(library, name)
+    fn.restype = current.restype
+    fn.argtypes = current.argtypes
+    return fn
+
+
+def keep_gil() -> None:
+    """Install the GIL-keeping bindings of `QUICK_C_FUNCTIONS` (once)."""
+    global _installed
+    if _installed:
+        return
+    from wasmtime import _bindings as bindings
+
+    for name in QUICK_C_FUNCTIONS:
+        fn = quick(name)
+        if fn is not None:
+            setattr(bindings, f"_{name}", fn)
+    _installed = True
