@@ -61,7 +61,6 @@ class ExecutionsScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#filter", Input).display = False
         self.query_one(ExecutionList).focus()
         self._update_title()
         # The first load comes with the ScreenResume that follows the mount.

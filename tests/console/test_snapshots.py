@@ -33,7 +33,8 @@ async def _loaded(pilot: Any) -> None:
     app = pilot.app
     for _ in range(500):
         screen = app.screen
-        if isinstance(screen, ExecutionsScreen) and screen.query_one(ExecutionList).rows:
+        lists = screen.query(ExecutionList) if isinstance(screen, ExecutionsScreen) else []
+        if lists and lists.first().rows:
             break
         await pilot.pause(0.02)
     await pilot.pause()
