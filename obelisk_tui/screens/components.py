@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from engine.client import ApiError, ComponentInfo, DeploymentInfo
 from obelisk_tui import model
-from obelisk_tui.messages import DeploymentReloaded
+from obelisk_tui.messages import DataChanged, DeploymentReloaded
 
 if TYPE_CHECKING:
     from obelisk_tui.app import ObeliskApp
@@ -103,6 +103,11 @@ class ComponentsScreen(Screen[None]):
 
     def on_deployment_reloaded(self, message: DeploymentReloaded) -> None:
         self.show(message.deployment)
+
+    def on_data_changed(self, _: DataChanged) -> None:
+        # A reload that upgrades many running workflows publishes its status only at the
+        # end; the new version is in force (and shown) as soon as they start committing.
+        self.load()
 
     @work(exclusive=True)
     async def load(self) -> None:
