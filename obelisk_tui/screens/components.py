@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -17,9 +17,10 @@ from textual.widgets import DataTable, Footer, Header, Static
 from engine.client import ApiError, ComponentInfo, DeploymentInfo
 from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, DeploymentReloaded
+from obelisk_tui.screens.base import ObeliskScreenMixin
 
 if TYPE_CHECKING:
-    from obelisk_tui.app import ObeliskApp
+    pass
 
 
 def reload_summary(reload: dict[str, Any]) -> str:
@@ -76,16 +77,12 @@ def render_component(c: ComponentInfo) -> RenderableType:
     return Group(head, table)
 
 
-class ComponentsScreen(Screen[None]):
+class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
     BINDINGS = [Binding("escape", "back", "Back")]
 
     def __init__(self) -> None:
         super().__init__()
         self.deployment: DeploymentInfo | None = None
-
-    @property
-    def obelisk(self) -> ObeliskApp:
-        return cast("ObeliskApp", self.app)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)

@@ -3,7 +3,7 @@ logs and result, live."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from rich.console import Group, RenderableType
 from rich.json import JSON
@@ -26,6 +26,7 @@ from engine.client import (
 from obelisk_tui import model, timeline
 from obelisk_tui.messages import DataChanged, Tick
 from obelisk_tui.screens import actions
+from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.widgets.children_tree import ChildrenTree
 from obelisk_tui.widgets.event_log import EventLog
@@ -34,7 +35,7 @@ from obelisk_tui.widgets.source_view import SourceView
 from obelisk_tui.widgets.state_view import StateView
 
 if TYPE_CHECKING:
-    from obelisk_tui.app import ObeliskApp
+    pass
 
 TABS = ("state", "events", "children", "logs", "result")
 
@@ -60,7 +61,7 @@ def render_result(info: ExecutionInfo) -> RenderableType:
     return Group(*parts)
 
 
-class ExecutionDetailScreen(Screen[None]):
+class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
     BINDINGS = [
         Binding("escape,backspace", "back", "Back"),
         Binding("left_square_bracket", "travel(-1)", "◀ version"),
@@ -88,10 +89,6 @@ class ExecutionDetailScreen(Screen[None]):
         self.travel: int | None = None
         self._sources: dict[str, ComponentSourceInfo | None] = {}
         self._backtraces: dict[int, BacktraceInfo | None] = {}
-
-    @property
-    def obelisk(self) -> ObeliskApp:
-        return cast("ObeliskApp", self.app)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -17,15 +17,16 @@ from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, Tick
 from obelisk_tui.model import ExecutionQuery
 from obelisk_tui.screens import actions
+from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.widgets.execution_list import ExecutionList
 from obelisk_tui.widgets.state_counts import StateCounts
 
 if TYPE_CHECKING:
-    from obelisk_tui.app import ObeliskApp
+    pass
 
 
-class ExecutionsScreen(Screen[None]):
+class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
     BINDINGS = [
         Binding("slash", "filter", "Filter"),
         Binding("o", "order", "Order"),
@@ -44,10 +45,6 @@ class ExecutionsScreen(Screen[None]):
         super().__init__()
         self.query_state = ExecutionQuery()
         self._footer_state: tuple[bool, ...] = ()
-
-    @property
-    def obelisk(self) -> ObeliskApp:
-        return cast("ObeliskApp", self.app)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)

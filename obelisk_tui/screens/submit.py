@@ -3,7 +3,7 @@ against the WIT types as you type), then open the new execution."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on, work
@@ -16,9 +16,10 @@ from textual.widgets.option_list import Option
 
 from engine.client import ApiError, FunctionExport
 from obelisk_tui import model
+from obelisk_tui.screens.base import ObeliskScreenMixin
 
 if TYPE_CHECKING:
-    from obelisk_tui.app import ObeliskApp
+    pass
 
 
 def signature(fn: FunctionExport) -> Text:
@@ -38,7 +39,7 @@ def signature(fn: FunctionExport) -> Text:
     return text
 
 
-class SubmitScreen(ModalScreen[str | None]):
+class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
     """Dismissed with the new execution's id, or None."""
 
     BINDINGS = [
@@ -51,10 +52,6 @@ class SubmitScreen(ModalScreen[str | None]):
         self.functions: list[FunctionExport] = []
         self.preselect = preselect
         self.chosen: FunctionExport | None = None
-
-    @property
-    def obelisk(self) -> ObeliskApp:
-        return cast("ObeliskApp", self.app)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="submit"):

@@ -18,6 +18,17 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 
+class _RowMessage(Message):
+    def __init__(self, row_list: RowList, index: int) -> None:
+        super().__init__()
+        self.row_list = row_list
+        self.index = index
+
+    @property
+    def control(self) -> RowList:
+        return self.row_list
+
+
 class RowList(ScrollView, can_focus=True):
     """Subclass and implement `row_count`, `render_row` (and `render_header`)."""
 
@@ -49,25 +60,11 @@ class RowList(ScrollView, can_focus=True):
     #: Whether line 0 is a sticky header.
     has_header = True
 
-    class CursorMoved(Message):
-        def __init__(self, row_list: RowList, index: int) -> None:
-            super().__init__()
-            self.row_list = row_list
-            self.index = index
+    class CursorMoved(_RowMessage):
+        """The cursor is on row `index` (or what that row shows changed)."""
 
-        @property
-        def control(self) -> RowList:
-            return self.row_list
-
-    class Activated(Message):
-        def __init__(self, row_list: RowList, index: int) -> None:
-            super().__init__()
-            self.row_list = row_list
-            self.index = index
-
-        @property
-        def control(self) -> RowList:
-            return self.row_list
+    class Activated(_RowMessage):
+        """`enter` (or a double click) on row `index`."""
 
     # -- for subclasses ------------------------------------------------------------------
     def row_count(self) -> int:
