@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -18,9 +18,6 @@ from engine.client import ApiError, ComponentInfo, DeploymentInfo
 from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, DeploymentReloaded
 from obelisk_tui.screens.base import ObeliskScreenMixin
-
-if TYPE_CHECKING:
-    pass
 
 
 def reload_summary(reload: dict[str, Any]) -> str:

@@ -3,8 +3,6 @@ logs and result, live."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rich.console import Group, RenderableType
 from rich.json import JSON
 from rich.text import Text
@@ -33,9 +31,6 @@ from obelisk_tui.widgets.event_log import EventLog
 from obelisk_tui.widgets.log_view import LogView
 from obelisk_tui.widgets.source_view import SourceView
 from obelisk_tui.widgets.state_view import StateView
-
-if TYPE_CHECKING:
-    pass
 
 TABS = ("state", "events", "children", "logs", "result")
 

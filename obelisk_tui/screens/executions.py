@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -21,9 +20,6 @@ from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.widgets.execution_list import ExecutionList
 from obelisk_tui.widgets.state_counts import StateCounts
-
-if TYPE_CHECKING:
-    pass
 
 
 class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):

@@ -3,8 +3,6 @@ against the WIT types as you type), then open the new execution."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -17,9 +15,6 @@ from textual.widgets.option_list import Option
 from engine.client import ApiError, FunctionExport
 from obelisk_tui import model
 from obelisk_tui.screens.base import ObeliskScreenMixin
-
-if TYPE_CHECKING:
-    pass
 
 
 def signature(fn: FunctionExport) -> Text:
