@@ -407,13 +407,19 @@ class _Writer:
         # callers on other threads first, straight from here: they need nothing from
         # the loop.
         post = self.post_responses
-        for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
-            if ok and notes.response_items and post is not None and not posted:
-                for execution_id, items in _grouped_responses(notes).items():
-                    post(execution_id, items)
-            if tx.reply is not None:
-                tx.reply.set(ok, value)
-        self._to_loop(self.deliver, batch, outcomes, wrote, committed)
+        try:
+            if post is not None and not posted:
+                for ok, _, notes in outcomes:
+                    if ok and notes.response_items:
+                        for execution_id, items in _grouped_responses(notes).items():
+                            post(execution_id, items)
+        except Exception:  # a bug; the runs re-read the database within a second
+            log.exception("posting responses failed")
+        finally:
+            for tx, (ok, value, _) in zip(batch, outcomes, strict=True):
+                if tx.reply is not None:
+                    tx.reply.set(ok, value)  # whatever happened: nobody waits forever
+            self._to_loop(self.deliver, batch, outcomes, wrote, committed)
 
 
 class SqliteStorage:
@@ -1125,20 +1131,29 @@ class _EarlyResponses:
     def __init__(self, notifier: Notifier) -> None:
         self.notifier = notifier
         self.commits = notifier.commits
+        #: Whether the last `post` handed everything over (else: post again after the
+        #: COMMIT; a run ignores a response it has).
+        self.complete = True
 
     def post(self, outcomes: list[_Outcome]) -> int:
-        """Post; the `Commits` number to settle, 0 when there was nothing to post."""
+        """Post; the `Commits` number to settle, 0 when there was nothing to post.
+        Never raises: the transaction is open and must be ended."""
         grouped = [
             group
             for ok, _, notes in outcomes
             if ok and notes.response_items
             for group in _grouped_responses(notes).items()
         ]
+        self.complete = True
         if not grouped:
             return 0
         seq = self.commits.begin()
-        for execution_id, items in grouped:
-            self.notifier.post_responses(execution_id, items, seq)
+        try:
+            for execution_id, items in grouped:
+                self.notifier.post_responses(execution_id, items, seq)
+        except Exception:  # a bug: the responses go out after the commit instead
+            log.exception("posting responses before the commit failed")
+            self.complete = False
         return seq
 
 
@@ -1167,7 +1182,7 @@ def _run_batch(
     """
     outcomes = _run_batch_plain(conn, batch, early)
     if outcomes is not None:
-        return outcomes, early is not None
+        return outcomes, early is not None and early.complete
     return _run_batch_savepoints(conn, batch), False
 
 
