@@ -293,6 +293,10 @@ def is_connection_error(e: BaseException) -> bool:
         | asyncpg.exceptions.OperatorInterventionError  # 57P01 admin shutdown, terminate
         | asyncpg.exceptions.CannotConnectNowError
         | asyncpg.exceptions.TooManyConnectionsError
+        # The protocol's state machine after the server dropped the connection mid-way
+        # ("cannot switch to state N; another operation is in progress"): that
+        # connection is unusable.
+        | asyncpg.exceptions.InternalClientError
         | ConnectionError
         | TimeoutError,
     ):

@@ -321,7 +321,10 @@ class _Writer:
     def _main(self) -> None:
         try:
             self.conn = sqlite3.connect(
-                str(self.path), isolation_level=None, check_same_thread=False
+                str(self.path),
+                isolation_level=None,
+                check_same_thread=False,
+                factory=_WriterConnection,
             )
         except BaseException as e:
             with self._lock:
@@ -404,13 +407,19 @@ class _Writer:
         # callers on other threads first, straight from here: they need nothing from
         # the loop.
         post = self.post_responses
-        for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
-            if ok and notes.response_items and post is not None and not posted:
-                for execution_id, items in _grouped_responses(notes).items():
-                    post(execution_id, items)
-            if tx.reply is not None:
-                tx.reply.set(ok, value)
-        self._to_loop(self.deliver, batch, outcomes, wrote, committed)
+        try:
+            if post is not None and not posted:
+                for ok, _, notes in outcomes:
+                    if ok and notes.response_items:
+                        for execution_id, items in _grouped_responses(notes).items():
+                            post(execution_id, items)
+        except Exception:  # a bug; the runs re-read the database within a second
+            log.exception("posting responses failed")
+        finally:
+            for tx, (ok, value, _) in zip(batch, outcomes, strict=True):
+                if tx.reply is not None:
+                    tx.reply.set(ok, value)  # whatever happened: nobody waits forever
+            self._to_loop(self.deliver, batch, outcomes, wrote, committed)
 
 
 class SqliteStorage:
@@ -632,9 +641,7 @@ class SqliteStorage:
         self, execution_id: str, response: ev.Response, now: datetime
     ) -> None:
         await self._write(
-            lambda c, n: _add_response(
-                c, n, execution_id, response, _after_last_write(c, execution_id, now)
-            )
+            lambda c, n: _add_response(c, n, execution_id, response, now)
         )
 
     async def append_upgrade_finished(
@@ -1126,20 +1133,29 @@ class _EarlyResponses:
     def __init__(self, notifier: Notifier) -> None:
         self.notifier = notifier
         self.commits = notifier.commits
+        #: Whether the last `post` handed everything over (else: post again after the
+        #: COMMIT; a run ignores a response it has).
+        self.complete = True
 
     def post(self, outcomes: list[_Outcome]) -> int:
-        """Post; the `Commits` number to settle, 0 when there was nothing to post."""
+        """Post; the `Commits` number to settle, 0 when there was nothing to post.
+        Never raises: the transaction is open and must be ended."""
         grouped = [
             group
             for ok, _, notes in outcomes
             if ok and notes.response_items
             for group in _grouped_responses(notes).items()
         ]
+        self.complete = True
         if not grouped:
             return 0
         seq = self.commits.begin()
-        for execution_id, items in grouped:
-            self.notifier.post_responses(execution_id, items, seq)
+        try:
+            for execution_id, items in grouped:
+                self.notifier.post_responses(execution_id, items, seq)
+        except Exception:  # a bug: the responses go out after the commit instead
+            log.exception("posting responses before the commit failed")
+            self.complete = False
         return seq
 
 
@@ -1168,7 +1184,7 @@ def _run_batch(
     """
     outcomes = _run_batch_plain(conn, batch, early)
     if outcomes is not None:
-        return outcomes, early is not None
+        return outcomes, early is not None and early.complete
     return _run_batch_savepoints(conn, batch), False
 
 
@@ -1177,7 +1193,7 @@ def _run_batch_plain(
 ) -> list[tuple[bool, Any, _Notes]] | None:
     """The batch without savepoints; None (after a rollback) to run it with them."""
     outcomes: list[tuple[bool, Any, _Notes]] = []
-    conn.execute("BEGIN IMMEDIATE")  # failing: the connection itself failed (as below)
+    _begin(conn)  # failing: the connection itself failed (as below)
     for tx in batch:
         notes = _Notes()
         try:
@@ -1209,7 +1225,7 @@ def _run_batch_savepoints(
     conn: sqlite3.Connection, batch: list[_Tx]
 ) -> list[tuple[bool, Any, _Notes]]:
     outcomes: list[tuple[bool, Any, _Notes]] = []
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     try:
         for tx in batch:
             notes = _Notes()
@@ -1256,17 +1272,8 @@ def _load_summary(conn: sqlite3.Connection, execution_id: str) -> ExecutionSumma
 def _load_summary_for_write(
     conn: sqlite3.Connection, execution_id: str, now: datetime
 ) -> tuple[ExecutionSummary, datetime]:
-    """`_load_summary` and `_after_last_write` with one read of the row."""
-    row = conn.execute(
-        "SELECT summary, updated_at FROM executions WHERE execution_id = ?", (execution_id,)
-    ).fetchone()
-    if row is None:
-        raise NotFound(f"execution {execution_id} not found")
-    return _summary_decoder.decode(row[0]), _not_before(now, row[1])
-
-
-def _after_last_write(conn: sqlite3.Connection, execution_id: str, now: datetime) -> datetime:
-    """`now`, or just after the execution's last write if that is later.
+    """The summary, and `now` or just after the execution's last write if that is later,
+    with one read of the row.
 
     Callers take `now` before their transaction is queued (a workflow run on its worker
     thread, the watcher before a read), so transactions can commit out of timestamp
@@ -1275,11 +1282,11 @@ def _after_last_write(conn: sqlite3.Connection, execution_id: str, now: datetime
     before the previous one, so that this order is the commit order.
     """
     row = conn.execute(
-        "SELECT updated_at FROM executions WHERE execution_id = ?", (execution_id,)
+        "SELECT summary, updated_at FROM executions WHERE execution_id = ?", (execution_id,)
     ).fetchone()
-    if row is None or row[0] <= _us(now):
-        return now
-    return _dt(row[0] + 1)
+    if row is None:
+        raise NotFound(f"execution {execution_id} not found")
+    return _summary_decoder.decode(row[0]), _not_before(now, row[1])
 
 
 def _write_summary(
@@ -1511,27 +1518,23 @@ def _append(
     creates = {c.execution_id: c for c in (extras.creates if extras else [])}
     backtrace_of = _backtrace_ids(conn, backtraces)
     t = _us(now)
+    # Nothing below reads this execution's events: they are inserted at the end, in one
+    # statement (each statement is a GIL hand-off on this thread).
+    rows: list[Any] = []
     for index, event in enumerate(events):
         try:
             s = apply_event(s, event, now)
         except IllegalAppend as e:
             raise Conflict(f"execution {execution_id}: {e}") from None
-        conn.execute(
-            "INSERT INTO events (execution_id, version, created_at, event, backtrace_id) "
-            "VALUES (?,?,?,?,?)",
-            (execution_id, s.next_version - 1, t, ev.encode(event), backtrace_of.get(index)),
-        )
+        rows += (execution_id, s.next_version - 1, t, ev.encode(event), backtrace_of.get(index))
         match event:
             case ev.HistoryEvent(event=ev.JoinSetRequest(join_set_id=js, request=req)):
                 if isinstance(req, ev.ChildExecutionRequest):
                     _create_side(conn, notes, creates, req.child_execution_id, now)
                 elif req.expires_at <= now:
                     # Already due (e.g. a clock read): answered in the same transaction.
-                    _write_summary(conn, execution_id, s, now)
-                    _add_response(
-                        conn, notes, execution_id, ev.DelayFinished(req.delay_id, js, "ok"), now
-                    )
-                    s = _load_summary(conn, execution_id)
+                    response = ev.DelayFinished(req.delay_id, js, "ok")
+                    s = _add_response(conn, notes, execution_id, response, now, summary=s)
                 else:
                     conn.execute(
                         "INSERT INTO delays (delay_id, execution_id, join_set_id, expires_at) "
@@ -1554,12 +1557,19 @@ def _append(
                         ev.ChildExecutionFinished(
                             execution_id, str(join_set), s.next_version - 1, result
                         ),
-                        _after_last_write(conn, str(parent_id), now),
+                        now,
                     )
             case ev.CancellationRequested():
                 notes.cancelled.add(execution_id)
             case _:
                 pass
+    for i in range(0, len(rows), 2500):  # 500 events per statement
+        chunk = rows[i : i + 2500]
+        conn.execute(
+            "INSERT INTO events (execution_id, version, created_at, event, backtrace_id) VALUES "
+            + ",".join(["(?,?,?,?,?)"] * (len(chunk) // 5)),
+            chunk,
+        )
     _write_summary(conn, execution_id, s, now)
     if isinstance(s.state, PendingAt):
         notes.became_pending(s.ffqn, s.state.scheduled_at, now)
@@ -1572,15 +1582,41 @@ def _append(
 
 def _backtrace_id(conn: sqlite3.Connection, bt: _PreparedBacktrace) -> int:
     """The id of the stored backtrace with these frames, inserted when new (dedup)."""
+    known = getattr(conn, "backtrace_ids", None)
+    if known is not None and (found := known.get(bt.key)) is not None:
+        return int(found)
     row = conn.execute("SELECT backtrace_id FROM backtraces WHERE hash = ?", (bt.key,)).fetchone()
     if row is not None:
+        if known is not None and bt.key not in conn.new_backtraces:  # type: ignore[attr-defined]
+            known[bt.key] = int(row[0])  # committed: it stays (backtraces are never deleted)
         return int(row[0])
     cursor = conn.execute(
         "INSERT INTO backtraces (hash, component_digest, frames) VALUES (?,?,?)",
         (bt.key, bt.component_digest, bt.frames),
     )
+    if known is not None:
+        conn.new_backtraces.add(bt.key)  # type: ignore[attr-defined]
     assert cursor.lastrowid is not None
     return cursor.lastrowid
+
+
+class _WriterConnection(sqlite3.Connection):
+    """The writer's connection, with what it remembers across its transactions."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Backtrace hash → id of rows known to be committed: a workflow's stacks
+        #: repeat, and each one is looked up once instead of at every write.
+        self.backtrace_ids: dict[bytes, int] = {}
+        #: Hashes the current physical transaction inserted (a rollback undoes them).
+        self.new_backtraces: set[bytes] = set()
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    new = getattr(conn, "new_backtraces", None)
+    if new:
+        new.clear()
 
 
 def _backtrace_ids(
@@ -1639,8 +1675,15 @@ def _add_response(
     execution_id: str,
     response: ev.Response,
     now: datetime,
-) -> None:
-    s = _load_summary(conn, execution_id)
+    summary: ExecutionSummary | None = None,
+) -> ExecutionSummary:
+    """Write a response to `execution_id`, at `now` or just after its last write, and
+    its new summary. With `summary` (the execution's own append, which writes it at the
+    end) the response is applied to that instead and the summary is not written."""
+    if summary is None:
+        s, now = _load_summary_for_write(conn, execution_id, now)
+    else:
+        s = summary
     source = (
         response.child_execution_id
         if isinstance(response, ev.ChildExecutionFinished)
@@ -1661,13 +1704,16 @@ def _add_response(
         raise Conflict(f"execution {execution_id} already has a response for {source}") from None
     if isinstance(response, ev.DelayFinished):
         conn.execute("DELETE FROM delays WHERE delay_id = ?", (response.delay_id,))
-    _write_summary(conn, execution_id, s, now)
     notes.responses.add(execution_id)
     notes.response_items.append((execution_id, ev.StoredResponse(s.responses, _dt(t), response)))
+    if summary is not None:
+        return s
+    _write_summary(conn, execution_id, s, now)
     if isinstance(s.state, PendingAt):
         notes.became_pending(s.ffqn, s.state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
+    return s
 
 
 def _insert_logs(
@@ -1723,14 +1769,9 @@ def _cancel_delay(
             raise Conflict(f"delay {delay_id} cannot be cancelled: {owner} is already finished")
         raise NotFound(f"delay {delay_id} not found")
     execution_id, join_set_id = row
-    _add_response(
-        conn,
-        notes,
-        execution_id,
-        ev.DelayFinished(delay_id, join_set_id, "cancelled"),
-        _after_last_write(conn, execution_id, now),
+    return _add_response(
+        conn, notes, execution_id, ev.DelayFinished(delay_id, join_set_id, "cancelled"), now
     )
-    return _load_summary(conn, execution_id)
 
 
 _ORDER_BY: dict[str, str] = {

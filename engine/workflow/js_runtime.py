@@ -889,6 +889,17 @@ def _prelude_snapshot(memory_limit: int) -> Any:
         return snapshot
 
 
+def _map_host_function(ctx: Any, name: str, fn: Callable[..., Any]) -> None:
+    """The Python side of quickjs-rs 0.2.6's `Context.register` (a sync function): the
+    by-name dispatch of the guest's host calls reaches `fn`."""
+    fn_id = ctx._next_fn_id
+    ctx._next_fn_id += 1
+    ctx._host_registry[fn_id] = fn
+    inst = ctx._engine_ctx._inst
+    inst.name_to_fn_id[name] = fn_id
+    inst.async_names.discard(name)
+
+
 class _BadArgs(Exception):
     """Malformed arguments reached the host bridge: becomes a JS TypeError."""
 
@@ -1164,14 +1175,17 @@ class _Run:
         inst: Any = self.ctx._engine_ctx._inst
         inst.store.set_limits(memory_size=runner.memory_limit)
         self.accelerated = ACCELERATE and _fast_guest_calls(inst) and self._fast_host_call(inst)
-        # The guest calls host functions by name: registering ours before a snapshot
-        # restore maps the prelude's (restored) `__obelisk_host` to this run's dispatcher.
-        self.ctx.register("__obelisk_host", self._dispatch, is_async=False)
         snapshot = _prelude_snapshot(runner.memory_limit) if USE_SNAPSHOT else None
         if snapshot is not None:
+            # The guest calls host functions by name: mapping the name to this run's
+            # dispatcher is all a restored prelude's (restored) `__obelisk_host` needs.
+            # (`register` would also make a JS function and set it on the global
+            # object, three guest calls the restore then overwrites.)
+            _map_host_function(self.ctx, "__obelisk_host", self._dispatch)
             self.rt.restore_snapshot(snapshot, self.ctx)
             self.from_snapshot = True
         else:
+            self.ctx.register("__obelisk_host", self._dispatch, is_async=False)
             self.ctx.eval(_PRELUDE_SOURCE, filename="<obelisk:prelude>")
         init = f"__obelisk_init({json.dumps(self.execution_id)}, {json.dumps(_seed(self.execution_id))})"
         self.ctx.eval(init, filename="<obelisk:init>")
