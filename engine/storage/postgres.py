@@ -625,13 +625,15 @@ class PostgresStorage:
         while time.monotonic() < deadline:
             try:
                 conn = await self._writer_conn()
-                status = await conn.fetchval("SELECT pg_xact_status($1::xid8)", xid)
+                status = await conn.fetchval("SELECT pg_xact_status($1::text::xid8)", xid)
                 if status in ("committed", "aborted"):
                     return str(status)
                 # in progress: the old backend has not finished the commit yet
             except Exception as e:
-                if not is_connection_error(e):
-                    return None
+                # Any failure of the check itself (the connection dropped again, a backend
+                # still terminating) is retried until the deadline: the answer decides
+                # whether acknowledged writes are lost or done twice.
+                log.warning("checking the outcome of a lost commit: %s", _first_line(e))
                 self._drop_writer()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)

@@ -368,3 +368,26 @@ async def test_processes_finishing_children_of_shared_parents_do_not_deadlock(
     assert after == before
     for pid in parents:
         assert len(await a.get_responses(pid)) == 4
+
+
+async def test_the_outcome_of_a_commit_without_an_answer_is_asked(opened: Opener, url: str) -> None:
+    """After a COMMIT that got no answer the writer asks PostgreSQL how its transaction
+    ended (`_xact_status`): committed (acknowledge, don't run it again) or aborted."""
+    import time
+
+    s = await opened()
+    conn = await raw(url)
+    try:
+        async with conn.transaction():
+            committed = await conn.fetchval("SELECT pg_current_xact_id()::text")
+        try:
+            async with conn.transaction():
+                aborted = await conn.fetchval("SELECT pg_current_xact_id()::text")
+                raise RuntimeError("roll back")
+        except RuntimeError:
+            pass
+    finally:
+        await conn.close()
+    deadline = time.monotonic() + 10
+    assert await s._xact_status(str(committed), deadline) == "committed"
+    assert await s._xact_status(str(aborted), deadline) == "aborted"
