@@ -9,6 +9,7 @@ read, never a log scan. `replay` rebuilds a summary from scratch (tests, repairs
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Literal
@@ -102,9 +103,13 @@ class ExecutionSummary(msgspec.Struct):
     #: A history event was written since the last `locked` (SPEC §6.3 "made progress").
     progressed_since_lock: bool = False
     join_sets: dict[str, JoinSetCounters] = msgspec.field(default_factory=dict)
-    #: One-off join sets (`o:…`) with their one request answered and consumed: out of
-    #: `join_sets`, whose counters would be (1, 1, 1), so that the summary of a long
-    #: workflow stays cheap to decode and validate (see `_forget_if_done`).
+    #: One-off join sets (`o:<k>-<name>`) with their one request answered and consumed,
+    #: out of `join_sets` (whose counters would be (1, 1, 1)) so that the summary of a
+    #: long workflow stays small: it is decoded, validated and written on every append.
+    #: Kept as the set of their `k` in half-open ranges, flattened: `[start, stop, …]`
+    #: (a workflow's k count up, so this is usually one range). See `_forget_if_done`.
+    done_one_off_ks: list[int] = msgspec.field(default_factory=list)
+    #: Done one-off join sets whose id has no `k` (and the lists of older summaries).
     done_one_off: list[str] = msgspec.field(default_factory=list)
     #: Join sets that were created, including fully processed ones (ids must be unique).
     join_set_count: int = 0
@@ -148,11 +153,66 @@ def created_summary(created: ev.Created, at: datetime) -> ExecutionSummary:
 
 def _copy(s: ExecutionSummary) -> ExecutionSummary:
     # A shallow copy: counters are never changed in place but replaced (`_counters`), and
-    # `done_one_off` is replaced, not mutated, so the input summary stays intact.
+    # the done one-off lists are replaced, not mutated, so the input summary stays intact.
     return msgspec.structs.replace(s, join_sets=dict(s.join_sets))
 
 
 _DONE = JoinSetCounters(1, 1, 1)
+
+
+def one_off_k(js: str) -> int | None:
+    """The `k` of a one-off join set id `o:<k>-<name>` (None for other ids): unique per
+    execution, as the runtimes number every join set they create."""
+    if not js.startswith("o:"):
+        return None
+    dash = js.find("-", 2)
+    digits = js[2:dash]
+    if dash < 0 or not digits.isdecimal() or not digits.isascii() or str(int(digits)) != digits:
+        return None
+    return int(digits)
+
+
+def ranges_contain(ranges: list[int], k: int) -> bool:
+    """Whether `k` is in the flattened half-open ranges `[start, stop, …]`."""
+    return bisect.bisect_right(ranges, k) % 2 == 1
+
+
+def ranges_add(ranges: list[int], k: int) -> list[int]:
+    """A new list: `ranges` with `k` (adjacent ranges merged)."""
+    p = bisect.bisect_right(ranges, k)
+    if p % 2 == 1:
+        return ranges
+    r = list(ranges)
+    left = p > 0 and r[p - 1] == k
+    right = p < len(r) and r[p] == k + 1
+    if left and right:
+        del r[p - 1 : p + 1]
+    elif left:
+        r[p - 1] = k + 1
+    elif right:
+        r[p] = k
+    else:
+        r[p:p] = [k, k + 1]
+    return r
+
+
+def ranges_remove(ranges: list[int], k: int) -> list[int]:
+    """A new list: `ranges` without `k` (a range split in two when needed)."""
+    p = bisect.bisect_right(ranges, k)
+    if p % 2 == 0:
+        return ranges
+    r = list(ranges)
+    start, stop = r[p - 1], r[p]
+    r[p - 1 : p + 1] = ([start, k] if start < k else []) + ([k + 1, stop] if k + 1 < stop else [])
+    return r
+
+
+def is_done_one_off(s: ExecutionSummary, js: str) -> bool:
+    """Whether `js` is a one-off join set whose one request was answered and consumed."""
+    k = one_off_k(js)
+    if k is not None and ranges_contain(s.done_one_off_ks, k):
+        return True
+    return js.startswith("o:") and js in s.done_one_off
 
 
 def _counters(n: ExecutionSummary, js: str) -> JoinSetCounters | None:
@@ -160,24 +220,33 @@ def _counters(n: ExecutionSummary, js: str) -> JoinSetCounters | None:
     (a done one-off join set is brought back into `join_sets`)."""
     c = n.join_sets.get(js)
     if c is None:
-        if not (js.startswith("o:") and js in n.done_one_off):
+        if not is_done_one_off(n, js):
             return None
         c = _DONE
-        n.done_one_off = [d for d in n.done_one_off if d != js]
+        k = one_off_k(js)
+        if k is not None and ranges_contain(n.done_one_off_ks, k):
+            n.done_one_off_ks = ranges_remove(n.done_one_off_ks, k)
+        else:
+            n.done_one_off = [d for d in n.done_one_off if d != js]
     c = n.join_sets[js] = JoinSetCounters(c.submitted, c.received, c.consumed)
     return c
 
 
 def _forget_if_done(n: ExecutionSummary, js: str) -> None:
     """A one-off join set (a direct call, a sleep, a clock read) whose one request was
-    answered and consumed moves from `join_sets` to `done_one_off`: the summary of a
-    long workflow is decoded, validated and encoded on every write, and a list of ids
-    costs a fraction of a map of counters. Nothing changes for validation: `_counters`
-    brings it back as (1, 1, 1) if it is ever used again."""
+    answered and consumed leaves `join_sets` for the done ones: the summary of a long
+    workflow is decoded, validated and encoded on every write, and a range of numbers
+    costs nothing next to a map of counters (or a list of ids) that grows with every
+    step. Nothing changes for validation: `_counters` brings it back as (1, 1, 1) if
+    it is ever used again."""
     c = n.join_sets.get(js)
     if js.startswith("o:") and c == _DONE:
         del n.join_sets[js]
-        n.done_one_off = [*n.done_one_off, js]
+        k = one_off_k(js)
+        if k is not None:
+            n.done_one_off_ks = ranges_add(n.done_one_off_ks, k)
+        else:
+            n.done_one_off = [*n.done_one_off, js]
 
 
 def _require(cond: bool, message: str) -> None:
@@ -243,6 +312,7 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
             n.paused = False
             n.cancelling = False
             n.join_sets = {}
+            n.done_one_off_ks = []
             n.done_one_off = []
         case ev.HistoryEvent(event=h):
             _require(
@@ -277,8 +347,14 @@ def _apply_history(n: ExecutionSummary, h: ev.HistoryEventKind, now: datetime) -
     match h:
         case ev.JoinSetCreate(join_set_id=js):
             _require(
-                js not in n.join_sets and js not in n.done_one_off,
+                js not in n.join_sets and not is_done_one_off(n, js),
                 f"join set {js} already exists",
+            )
+            k = one_off_k(js)
+            # A one-off join set is known by its k once done: k must be new.
+            _require(
+                k is None or all(one_off_k(o) != k for o in n.join_sets),
+                f"one-off join set {js}: another one-off join set has k = {k}",
             )
             n.join_sets[js] = JoinSetCounters()
             n.join_set_count += 1

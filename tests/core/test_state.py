@@ -31,8 +31,13 @@ from engine.core.state import (
     apply_event,
     apply_response,
     created_summary,
+    is_done_one_off,
     on_lock_expired,
     on_temporary_failure,
+    one_off_k,
+    ranges_add,
+    ranges_contain,
+    ranges_remove,
     replay,
     retry_backoff,
     state_name,
@@ -473,6 +478,73 @@ def test_join_set_duplicate_rejected_even_when_processed() -> None:
     log = locked_log(WF).e(create("g:1"), 1).e(submit("g:1"), 1).r(child_done("g:1"), 1)
     log.e(join_next("g:1"), 1)
     log.rejects(create("g:1"), 1)
+
+
+def test_done_one_off_join_sets_are_kept_as_ranges_of_k() -> None:
+    """A long workflow's summary stays small: done one-offs are a range of numbers."""
+    log = locked_log(WF)
+    for k in range(1, 201):
+        js = f"o:{k}-step"
+        log.e(create(js), 1).e(submit(js), 1).r(child_done(js), 1).e(join_next(js), 1)
+    assert log.s.join_sets == {}
+    assert log.s.done_one_off_ks == [1, 201] and log.s.done_one_off == []
+    assert is_done_one_off(log.s, "o:7-step") and not is_done_one_off(log.s, "o:201-step")
+    # still unique: a done one-off id (or its k) cannot be created again
+    log.rejects(create("o:7-step"), 1, match="already exists")
+    log.rejects(create("o:7-other"), 1, match="already exists")
+    # and still usable: join_next_try on it brings it back as (1, 1, 1), then done again
+    log.e(ev.HistoryEvent(ev.JoinNextTry("o:7-step", "all_processed")), 1)
+    assert log.s.done_one_off_ks == [1, 201]
+    log.rejects(join_next("o:7-step"), 1, match="nothing left")
+
+
+def test_one_off_k_must_be_new_among_open_one_offs() -> None:
+    log = locked_log(WF).e(create("o:1-a"), 1)
+    log.rejects(create("o:1-b"), 1, match="k = 1")
+    log.e(create("o:2-b"), 1).e(create("g:1"), 1)
+
+
+def test_one_off_ids_without_k_are_kept_by_id() -> None:
+    log = locked_log(WF)
+    for js in ("o:x-step", "o:01-step"):
+        log.e(create(js), 1).e(submit(js), 1).r(child_done(js), 1).e(join_next(js), 1)
+    assert log.s.done_one_off == ["o:x-step", "o:01-step"] and log.s.done_one_off_ks == []
+    log.rejects(create("o:x-step"), 1, match="already exists")
+
+
+def test_older_summaries_with_a_list_of_done_one_offs_still_validate() -> None:
+    s = msgspec.structs.replace(locked_log(WF).s, done_one_off=["o:1-step"], join_set_count=1)
+    with pytest.raises(IllegalAppend, match="already exists"):
+        apply_event(s, create("o:1-step"), at(1))
+    s = apply_event(s, ev.HistoryEvent(ev.JoinNextTry("o:1-step", "all_processed")), at(1))
+    assert s.done_one_off == [] and s.done_one_off_ks == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("ranges", "k", "added"),
+    [
+        ([], 5, [5, 6]),
+        ([1, 5], 5, [1, 6]),
+        ([1, 5], 0, [0, 5]),
+        ([1, 5, 6, 9], 5, [1, 9]),
+        ([1, 3, 7, 9], 5, [1, 3, 5, 6, 7, 9]),
+        ([1, 5], 3, [1, 5]),
+    ],
+)
+def test_ranges_add_contain_remove(ranges: list[int], k: int, added: list[int]) -> None:
+    got = ranges_add(ranges, k)
+    assert got == added and ranges_contain(got, k)
+    assert all(ranges_contain(got, x) == (ranges_contain(ranges, x) or x == k) for x in range(12))
+    if not ranges_contain(ranges, k):
+        assert ranges_remove(got, k) == ranges
+    removed = ranges_remove(got, k)
+    assert all(ranges_contain(removed, x) == (ranges_contain(got, x) and x != k) for x in range(12))
+
+
+def test_one_off_k() -> None:
+    assert one_off_k("o:12-add") == 12 and one_off_k("o:1-sleep") == 1
+    for js in ("g:12", "n:12-a", "o:x-a", "o:01-a", "o:12", "o:-a", "o:١-a"):
+        assert one_off_k(js) is None, js
 
 
 def test_request_into_unknown_join_set_rejected() -> None:
