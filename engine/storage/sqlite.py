@@ -278,7 +278,9 @@ class _Writer:
         self._lock = threading.Lock()
         self._accepting = False
         self.stopped: asyncio.Future[None] = loop.create_future()
-        self._thread = threading.Thread(target=self._main, name="obelisk-sqlite-writer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._main, name="obelisk-sqlite-writer", daemon=True
+        )
 
     @property
     def running(self) -> bool:
@@ -371,10 +373,17 @@ class _Writer:
             if item is None:
                 return
             if isinstance(item, _Call):
+                cache = _summaries(conn)
+                if cache is not None:  # it may write anything: no cache, then a new one
+                    cache.enabled = False
                 try:
                     value, ok = item.fn(conn), True
                 except BaseException as e:
                     value, ok = e, False
+                finally:
+                    if cache is not None:
+                        cache.clear()
+                        cache.enabled = True
                 self._to_loop(_settle, item.future, ok, value)
                 continue
             batch = [item]
@@ -632,17 +641,13 @@ class SqliteStorage:
             len(events),
         )
         if self._closed or not writer.running or not writer.put(tx):
-            writer.loop.call_soon_threadsafe(
-                _settle, fut, False, StorageError("storage closed")
-            )
+            writer.loop.call_soon_threadsafe(_settle, fut, False, StorageError("storage closed"))
         return fut
 
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
     ) -> None:
-        await self._write(
-            lambda c, n: _add_response(c, n, execution_id, response, now)
-        )
+        await self._write(lambda c, n: _add_response(c, n, execution_id, response, now))
 
     async def append_upgrade_finished(
         self,
@@ -890,8 +895,7 @@ class SqliteStorage:
         if rows:
             await self._write(
                 lambda c, n: c.executemany(
-                    "INSERT OR IGNORE INTO component_sources (digest, file, source) "
-                    "VALUES (?,?,?)",
+                    "INSERT OR IGNORE INTO component_sources (digest, file, source) VALUES (?,?,?)",
                     rows,
                 )
             )
@@ -1216,12 +1220,31 @@ def _run_batch_plain(
         if seq:
             early.commits.settle(seq, False)  # type: ignore[union-attr]
         return None
+    cache = _summaries(conn)
+    if cache is not None:
+        cache.commit()
     if seq:
         early.commits.settle(seq, True)  # type: ignore[union-attr]
     return outcomes
 
 
 def _run_batch_savepoints(
+    conn: sqlite3.Connection, batch: list[_Tx]
+) -> list[tuple[bool, Any, _Notes]]:
+    cache = _summaries(conn)
+    if cache is None or not cache.enabled:
+        return _run_batch_savepoints_uncached(conn, batch)
+    # A rollback to a savepoint undoes part of a transaction: no cache on this rare path.
+    cache.clear()
+    cache.enabled = False
+    try:
+        return _run_batch_savepoints_uncached(conn, batch)
+    finally:
+        cache.clear()
+        cache.enabled = True
+
+
+def _run_batch_savepoints_uncached(
     conn: sqlite3.Connection, batch: list[_Tx]
 ) -> list[tuple[bool, Any, _Notes]]:
     outcomes: list[tuple[bool, Any, _Notes]] = []
@@ -1246,7 +1269,7 @@ def _run_batch_savepoints(
         if len(batch) == 1:
             return [(False, StorageError(f"database write failed: {e}"), _Notes())]
         # Retry each alone so that one bad transaction cannot fail the others.
-        return [o for tx in batch for o in _run_batch_savepoints(conn, [tx])]
+        return [o for tx in batch for o in _run_batch_savepoints_uncached(conn, [tx])]
     return outcomes
 
 
@@ -1261,6 +1284,9 @@ def _translate(e: Exception) -> Exception:
 
 
 def _load_summary(conn: sqlite3.Connection, execution_id: str) -> ExecutionSummary:
+    cache = _summaries(conn)
+    if cache is not None and (found := cache.get(execution_id)) is not None:
+        return found[0]
     row = conn.execute(
         "SELECT summary FROM executions WHERE execution_id = ?", (execution_id,)
     ).fetchone()
@@ -1281,23 +1307,33 @@ def _load_summary_for_write(
     (`replay_stored`, the console): a transaction of an execution never gets a timestamp
     before the previous one, so that this order is the commit order.
     """
+    cache = _summaries(conn)
+    if cache is not None and (found := cache.get(execution_id)) is not None:
+        return found[0], _not_before(now, found[1])
     row = conn.execute(
         "SELECT summary, updated_at FROM executions WHERE execution_id = ?", (execution_id,)
     ).fetchone()
     if row is None:
         raise NotFound(f"execution {execution_id} not found")
-    return _summary_decoder.decode(row[0]), _not_before(now, row[1])
+    s: ExecutionSummary = _summary_decoder.decode(row[0])
+    if cache is not None:
+        cache.put(execution_id, s, row[1])
+    return s, _not_before(now, row[1])
 
 
 def _write_summary(
     conn: sqlite3.Connection, execution_id: str, s: ExecutionSummary, now: datetime
 ) -> None:
     state, pending_at, lock_expires_at = _projection(s)
+    t = _us(now)
     conn.execute(
         "UPDATE executions SET state = ?, pending_at = ?, lock_expires_at = ?, next_version = ?, "
         "updated_at = ?, summary = ? WHERE execution_id = ?",
-        (state, pending_at, lock_expires_at, s.next_version, _us(now), ev.encode(s), execution_id),
+        (state, pending_at, lock_expires_at, s.next_version, t, ev.encode(s), execution_id),
     )
+    cache = _summaries(conn)
+    if cache is not None:
+        cache.put(execution_id, s, t)
 
 
 def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: datetime) -> None:
@@ -1348,6 +1384,9 @@ def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: da
             f"execution {req.execution_id} already exists with other parameters"
         ) from None
     t = _us(now)
+    cache = _summaries(conn)
+    if cache is not None:
+        cache.put(req.execution_id, s, t)
     if lock is None:
         conn.execute(
             "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
@@ -1357,7 +1396,16 @@ def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: da
         return
     conn.execute(
         "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?),(?,?,?,?)",
-        (req.execution_id, 0, t, ev.encode(created), req.execution_id, 1, t, ev.encode(lock.locked)),
+        (
+            req.execution_id,
+            0,
+            t,
+            ev.encode(created),
+            req.execution_id,
+            1,
+            t,
+            ev.encode(lock.locked),
+        ),
     )
     notes.direct.append((lock, direct_locked(req, lock, s)))
 
@@ -1414,12 +1462,21 @@ def _write_locks(
             ],
         )
         values: list[Any] = []
+        cache = _summaries(conn)
         for execution_id, at, s in chunk:
             state, pending_at, lock_expires_at = _projection(s)
+            t = _us(at)
             values += (
-                execution_id, state, pending_at, lock_expires_at, s.next_version, _us(at),
+                execution_id,
+                state,
+                pending_at,
+                lock_expires_at,
+                s.next_version,
+                t,
                 ev.encode(s),
             )
+            if cache is not None:
+                cache.put(execution_id, s, t)
         conn.execute(
             "UPDATE executions SET state = v.column2, pending_at = v.column3, "
             "lock_expires_at = v.column4, next_version = v.column5, updated_at = v.column6, "
@@ -1600,6 +1657,60 @@ def _backtrace_id(conn: sqlite3.Connection, bt: _PreparedBacktrace) -> int:
     return cursor.lastrowid
 
 
+class _SummaryCache:
+    """The summaries (and `updated_at`) of the executions the writer wrote lately, so
+    that the next write of one reads and decodes no row: a workflow step writes its
+    own summary, its child's and (with the child's result) its own again.
+
+    Entries of the open physical transaction are kept apart and become committed ones
+    only after its COMMIT; a rollback drops them. Everything is forgotten when another
+    connection committed (`PRAGMA data_version`, checked at every BEGIN), after a
+    `_Call` (it may write anything) and after a batch that needed savepoints. Summaries
+    are never changed in place (`apply_event` returns new ones), so sharing them with
+    the callers of a write is safe."""
+
+    MAX = 10_000
+
+    def __init__(self) -> None:
+        self.committed: dict[str, tuple[ExecutionSummary, int]] = {}
+        self.tx: dict[str, tuple[ExecutionSummary, int]] = {}
+        self.enabled = True
+        self._data_version: int | None = None
+
+    def get(self, execution_id: str) -> tuple[ExecutionSummary, int] | None:
+        if not self.enabled:
+            return None
+        found = self.tx.get(execution_id)
+        return found if found is not None else self.committed.get(execution_id)
+
+    def put(self, execution_id: str, s: ExecutionSummary, updated_us: int) -> None:
+        if self.enabled:
+            self.tx[execution_id] = (s, updated_us)
+
+    def began(self, conn: sqlite3.Connection) -> None:
+        """In a new transaction: forget everything if another connection wrote."""
+        self.tx.clear()
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self.committed.clear()
+            self._data_version = version
+
+    def commit(self) -> None:
+        committed = self.committed
+        for execution_id, entry in self.tx.items():
+            committed.pop(execution_id, None)  # to the end: the oldest go first
+            if not entry[0].is_finished:
+                committed[execution_id] = entry
+        self.tx.clear()
+        if len(committed) > self.MAX:
+            for execution_id in list(committed)[: self.MAX // 2]:
+                del committed[execution_id]
+
+    def clear(self) -> None:
+        self.committed.clear()
+        self.tx.clear()
+
+
 class _WriterConnection(sqlite3.Connection):
     """The writer's connection, with what it remembers across its transactions."""
 
@@ -1610,6 +1721,11 @@ class _WriterConnection(sqlite3.Connection):
         self.backtrace_ids: dict[bytes, int] = {}
         #: Hashes the current physical transaction inserted (a rollback undoes them).
         self.new_backtraces: set[bytes] = set()
+        self.summaries = _SummaryCache()
+
+
+def _summaries(conn: sqlite3.Connection) -> _SummaryCache | None:
+    return conn.summaries if isinstance(conn, _WriterConnection) else None
 
 
 def _begin(conn: sqlite3.Connection) -> None:
@@ -1617,6 +1733,9 @@ def _begin(conn: sqlite3.Connection) -> None:
     new = getattr(conn, "new_backtraces", None)
     if new:
         new.clear()
+    cache = _summaries(conn)
+    if cache is not None:
+        cache.began(conn)
 
 
 def _backtrace_ids(
@@ -1816,6 +1935,11 @@ _ROW_COLUMNS = "execution_id, ffqn, component_type, parent_id, created_at, updat
 def _row(row: Any) -> ExecutionRow:
     execution_id, ffqn, component_type, parent_id, created_at, updated_at, blob = row
     return execution_row(
-        execution_id, ffqn, component_type, parent_id, created_at, updated_at,
+        execution_id,
+        ffqn,
+        component_type,
+        parent_id,
+        created_at,
+        updated_at,
         _summary_decoder.decode(blob),
     )

@@ -223,9 +223,7 @@ async def test_child_response_wakes_the_parent_in_another_process(opened: Opener
             ),
         ],
         at(2),
-        extras=AppendExtras(
-            creates=[create_request(child, parent=(pid, "g:1"))]
-        ),
+        extras=AppendExtras(creates=[create_request(child, parent=(pid, "g:1"))]),
     )
     waiter = asyncio.create_task(b.wait_for_response(pid, 0, 600))
     await asyncio.sleep(0)
@@ -336,7 +334,9 @@ async def test_processes_finishing_children_of_shared_parents_do_not_deadlock(
             wf.next_version,
             [ev.HistoryEvent(ev.JoinSetCreate(js))]
             + [
-                ev.HistoryEvent(ev.JoinSetRequest(js, ev.ChildExecutionRequest(k, ACTIVITY_FFQN, [])))
+                ev.HistoryEvent(
+                    ev.JoinSetRequest(js, ev.ChildExecutionRequest(k, ACTIVITY_FFQN, []))
+                )
                 for k in kids
             ],
             at(2),

@@ -28,7 +28,15 @@ from engine.storage.contract import (
 from engine.storage.sqlite import SCHEMA_VERSION, SqliteStorage
 from engine.workers.outcome import LogLine
 
-from .conftest import ACTIVITY_FFQN, Executor, at, child_id, create_request
+from .conftest import (
+    ACTIVITY_FFQN,
+    WORKFLOW,
+    WORKFLOW_FFQN,
+    Executor,
+    at,
+    child_id,
+    create_request,
+)
 
 
 @pytest.fixture
@@ -75,9 +83,7 @@ async def test_wal_and_synchronous_full(storage: SqliteStorage, db_path: Path) -
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     # synchronous is per connection: ask the writer's.
     assert storage._writer is not None
-    [(level,)] = await storage._writer.call(
-        lambda c: c.execute("PRAGMA synchronous").fetchall()
-    )
+    [(level,)] = await storage._writer.call(lambda c: c.execute("PRAGMA synchronous").fetchall())
     assert level == 2  # FULL
 
 
@@ -291,6 +297,80 @@ async def test_transaction_that_breaks_the_batch_is_retried_alone(
         assert await storage.get_created(r.execution_id) == r.created
     # And the writer goes on.
     await storage.create(create_request(), at(1))
+
+
+async def test_a_failed_write_leaves_nothing_in_the_summary_cache(storage: SqliteStorage) -> None:
+    """The writer keeps the summaries it wrote (no row read on the next write of the
+    same execution): a rolled-back write must not be remembered."""
+    r = create_request()
+    await storage.create(r, at(0))
+    [le] = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(1)))
+    v = le.next_version
+    # the first event is applied, the second refused: the transaction is rolled back
+    with pytest.raises(Conflict):
+        await storage.append(
+            le.execution_id, v, [ev.Unlocked(at(2), "x"), ev.Unlocked(at(2), "y")], at(2)
+        )
+    with pytest.raises(VersionConflict):
+        await storage.append(le.execution_id, v + 1, [ev.Finished(ev.ResultOk())], at(2))
+    s = await storage.append(le.execution_id, v, [ev.Finished(ev.ResultOk())], at(2))
+    assert s.next_version == v + 1 and s.is_finished
+
+
+async def test_a_rolled_back_response_leaves_nothing_in_the_summary_cache(
+    storage: SqliteStorage,
+) -> None:
+    """A child's `finished` writes the parent's response and summary; when a later event
+    of the same append is refused, neither stays (in the database or the cache)."""
+    parent = create_request(ffqn=WORKFLOW_FFQN)
+    await storage.create(parent, at(0))
+    pid = parent.execution_id
+    [wf] = await storage.lock_pending(**Executor([WORKFLOW_FFQN], WORKFLOW).lock_args(at(1)))
+    child = child_id(pid, "g:1")
+    await storage.append(
+        pid,
+        wf.next_version,
+        [
+            ev.HistoryEvent(ev.JoinSetCreate("g:1")),
+            ev.HistoryEvent(
+                ev.JoinSetRequest("g:1", ev.ChildExecutionRequest(child, ACTIVITY_FFQN, []))
+            ),
+        ],
+        at(2),
+        extras=AppendExtras(creates=[create_request(child, parent=(pid, "g:1"))]),
+    )
+    [le] = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3)))
+    done = ev.Finished(ev.ResultOk())
+    with pytest.raises(Conflict, match="finished"):
+        await storage.append(child, le.next_version, [done, ev.Unlocked(at(4), "x")], at(4))
+    assert await storage.get_responses(pid, 0) == []
+    # the parent's summary counts no response: this one is accepted
+    await storage.append(child, le.next_version, [done], at(5))
+    [response] = await storage.get_responses(pid, 0)
+    assert isinstance(response.response, ev.ChildExecutionFinished)
+
+
+async def test_writes_of_another_connection_are_seen_despite_the_summary_cache(
+    db_path: Path,
+) -> None:
+    """Two storages on one file (two writers): each sees the other's commits."""
+    a = await SqliteStorage.open(db_path)
+    b = await SqliteStorage.open(db_path)
+    try:
+        r = create_request()
+        await a.create(r, at(0))
+        [le] = await a.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(1)))
+        v = le.next_version
+        await b.append(le.execution_id, v, [ev.Unlocked(at(2), "by b")], at(2))
+        with pytest.raises(VersionConflict):  # a's cached summary is out of date
+            await a.append(le.execution_id, v, [ev.Finished(ev.ResultOk())], at(3))
+        with pytest.raises(Conflict, match="needs a locked execution"):
+            await a.append(le.execution_id, v + 1, [ev.Unlocked(at(3), "x")], at(3))
+        s = await a.append(le.execution_id, v + 1, [ev.Finished(ev.ResultOk())], at(3))
+        assert s.next_version == v + 2 and s.is_finished
+    finally:
+        await a.close()
+        await b.close()
 
 
 # ---------------------------------------------------------------------------------------
