@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -42,7 +42,6 @@ from engine.workers.outcome import (
     RunTimedOut,
     RunTrap,
 )
-from engine.workers.pool import RunPool
 
 log = logging.getLogger("obelisk.executor")
 T = TypeVar("T")
@@ -117,8 +116,12 @@ class BaseExecutor:
         cfg = component.config
         self.ffqns = component.ffqns
         self.retry = ev.RetryConfig(cfg.max_retries, cfg.retry_exp_backoff_ms)
-        self._inflight: dict[str, tuple[asyncio.Task[None], threading.Event]] = {}
+        #: Runs in progress: a task on the loop (workflows) or a future that a worker
+        #: thread completes (activities), and the event that interrupts the run.
+        self._inflight: dict[str, tuple[asyncio.Future[None] | Future[None], threading.Event]] = {}
         self._slot_freed = asyncio.Event()
+        #: The loop waits for `_slot_freed` (all slots taken): set under `_reserve_lock`.
+        self._wants_slot = False
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -142,9 +145,12 @@ class BaseExecutor:
     async def _run_loop(self) -> None:
         cfg = self.component.config.exec
         while not self._stopping:
-            free = min(cfg.batch_size, cfg.max_inflight - len(self._inflight) - self._reserved)
+            with self._reserve_lock:
+                free = min(cfg.batch_size, cfg.max_inflight - len(self._inflight) - self._reserved)
+                if free <= 0:
+                    self._slot_freed.clear()
+                    self._wants_slot = True
             if free <= 0:
-                self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
             now = self.clock.now()
@@ -192,6 +198,18 @@ class BaseExecutor:
     async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
         raise NotImplementedError
 
+    def _slot_freed_threadsafe(self) -> None:
+        """A run ended or a reserved slot was given back, on any thread: wake the loop
+        only if it waits for a slot (no loop wake-up per run otherwise)."""
+        with self._reserve_lock:
+            if not self._wants_slot:
+                return
+            self._wants_slot = False
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # a closed loop
+                loop.call_soon_threadsafe(self._slot_freed.set)
+
     async def stop(self) -> None:
         """Stop locking; interrupt runs and release them with `unlocked("executor closing")`."""
         self._stopping = True
@@ -199,11 +217,22 @@ class BaseExecutor:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        inflight = list(self._inflight.items())
-        for _, (_, cancel) in inflight:
-            cancel.set()
-        if inflight:
-            await asyncio.gather(*(t for _, (t, _) in inflight), return_exceptions=True)
+        # Until none is left: a direct lock taken on another thread as this began may
+        # still add one.
+        while inflight := list(self._inflight.values()):
+            for _, cancel in inflight:
+                cancel.set()
+            await asyncio.gather(
+                *(
+                    f if isinstance(f, asyncio.Future) else asyncio.wrap_future(f)
+                    for f, _ in inflight
+                ),
+                return_exceptions=True,
+            )
+            for f, _ in inflight:  # a run that ended without taking itself out
+                for execution_id, (g, _) in list(self._inflight.items()):
+                    if g is f:
+                        del self._inflight[execution_id]
 
 
 class _DirectLock:
@@ -249,47 +278,63 @@ class ActivityExecutor(BaseExecutor):
         return _DirectLock(self, locked)
 
     def _direct_taken(self, execution: LockedExecution | None) -> None:
-        """On the loop, after the commit."""
+        """After the commit, on any thread (SQLite: its writer's)."""
         with self._reserve_lock:
             self._reserved -= 1
         if execution is None:
-            self._slot_freed.set()
+            self._slot_freed_threadsafe()
         elif self._stopping:
             # Locked while shutting down: let go of it as any run would.
-            now = self.clock.now()
-            task = asyncio.create_task(
-                self.storage.append(
-                    execution.execution_id,
-                    execution.next_version,
-                    [ev.Unlocked(now, "executor closing")],
-                    now,
-                )
-            )
-            task.add_done_callback(_ignore_outcome)
+            loop = self._loop
+            if loop is not None:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._release_closing, execution)
         else:
             self._spawn(execution)
+
+    def _release_closing(self, execution: LockedExecution) -> None:
+        now = self.clock.now()
+        task = asyncio.create_task(
+            self.storage.append(
+                execution.execution_id,
+                execution.next_version,
+                [ev.Unlocked(now, "executor closing")],
+                now,
+            )
+        )
+        task.add_done_callback(_ignore_outcome)
 
     def _direct_release(self) -> None:
         """The creating transaction failed (any thread)."""
         with self._reserve_lock:
             self._reserved -= 1
-        loop = self._loop
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # a closed loop
-                loop.call_soon_threadsafe(self._slot_freed.set)
+        self._slot_freed_threadsafe()
 
-    async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
-        info = self.component.functions[locked.ffqn]
-        lines: list[LogLine] = []
-        remaining = (locked.lock_expires_at - self.clock.now()).total_seconds()
-        deadline = time.monotonic() + max(0.0, remaining)
-        run = self._runner_call(locked, deadline, cancel, lines.append)
-        ok_type = _ok_type(info.return_type)
-        extras = AppendExtras(logs=lines, run_id=locked.run_id)
+    # -- runs: on worker threads, start to outcome, without the event loop ------------
+    def _spawn(self, locked: LockedExecution) -> None:
+        """Run `locked` on a worker thread (any thread may call this): the outcome goes
+        to the storage from there, and the storage's callback ends the run, so that a
+        run costs the loop nothing (no task, no future to resolve, no wake-up)."""
+        cancel = threading.Event()
+        done: Future[None] = Future()
+        self._inflight[locked.execution_id] = (done, cancel)
+        self.storage.subscribe_cancellations().add(locked.execution_id, cancel.set)
+        try:
+            self.threads.submit(self._run_in_thread, locked, cancel, done)
+        except RuntimeError:  # the pool was shut down: the lock expires
+            self._run_ended(locked, done, cancel)
 
-        def run_and_append() -> tuple[ev.Event, datetime, asyncio.Future[Any]]:
-            # On the worker thread: the outcome goes to the storage as the run returns,
-            # not after a hop through the event loop.
+    def _run_in_thread(
+        self, locked: LockedExecution, cancel: threading.Event, done: Future[None]
+    ) -> None:
+        try:
+            info = self.component.functions[locked.ffqn]
+            lines: list[LogLine] = []
+            remaining = (locked.lock_expires_at - self.clock.now()).total_seconds()
+            deadline = time.monotonic() + max(0.0, remaining)
+            run = self._runner_call(locked, deadline, cancel, lines.append)
+            ok_type = _ok_type(info.return_type)
+            extras = AppendExtras(logs=lines, run_id=locked.run_id)
             outcome = run()
             now = self.clock.now()
             if self._stopping and not isinstance(outcome, RunOk | RunErr):
@@ -297,16 +342,48 @@ class ActivityExecutor(BaseExecutor):
                 event: ev.Event = ev.Unlocked(now, "executor closing")
             else:
                 event = outcome_to_event(locked, outcome, now, ok_type)
-            written = self.storage.append_soon(
-                locked.execution_id, locked.next_version, [event], now, extras
-            )
-            return event, now, written
+        except Exception:
+            log.exception("executor %s: run of %s failed", self.name, locked.execution_id)
+            self._run_ended(locked, done, cancel)
+            return
 
-        event, now, written = await _in_thread(self.threads, run_and_append)
-        try:
-            await written
-        except (Conflict, NotFound) as e:
-            await self._append_failed(locked, event, extras, now, e)
+        def appended(ok: bool, value: Any) -> None:
+            if ok:
+                self._run_ended(locked, done, cancel)
+            elif isinstance(value, Conflict | NotFound) and self._loop is not None:
+                try:
+                    handled = asyncio.run_coroutine_threadsafe(
+                        self._append_failed(locked, event, extras, now, value), self._loop
+                    )
+                except RuntimeError:  # a closed loop
+                    self._run_ended(locked, done, cancel)
+                else:
+                    handled.add_done_callback(lambda _f: self._run_ended(locked, done, cancel))
+            else:
+                log.error(
+                    "executor %s: outcome of %s not written: %s",
+                    self.name,
+                    locked.execution_id,
+                    value,
+                )
+                self._run_ended(locked, done, cancel)
+
+        self.storage.append_then(
+            locked.execution_id, locked.next_version, [event], now, extras, appended
+        )
+
+    def _run_ended(
+        self, locked: LockedExecution, done: Future[None], cancel: threading.Event
+    ) -> None:
+        """Any thread. Only this run's entries go: a retry may be running already."""
+        execution_id = locked.execution_id
+        self.storage.subscribe_cancellations().remove(execution_id, cancel.set)
+        entry = self._inflight.get(execution_id)
+        if entry is not None and entry[0] is done:
+            self._inflight.pop(execution_id, None)
+        if not done.done():
+            done.set_result(None)
+        self._slot_freed_threadsafe()
 
     def _runner_call(
         self,
@@ -374,13 +451,6 @@ class ActivityExecutor(BaseExecutor):
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: a conflict here changes nothing
-
-
-def _in_thread(threads: Executor, fn: Callable[[], T]) -> Awaitable[T]:
-    """Run `fn` on a worker thread (one future and one loop wake-up with a `RunPool`)."""
-    if isinstance(threads, RunPool):
-        return threads.run_async(fn)
-    return asyncio.get_running_loop().run_in_executor(threads, fn)
 
 
 def _ok_type(return_type: Any) -> Any:

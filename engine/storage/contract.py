@@ -7,7 +7,7 @@ Callers pass `now` explicitly so that tests drive time with a manual clock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -50,8 +50,9 @@ class DirectLock(Protocol):
         ...
 
     def taken(self, execution: LockedExecution | None) -> None:
-        """After the commit, on the event loop: the execution is now locked for the
-        executor (run it), or None: it existed already and nothing was locked."""
+        """After the commit, on any thread (SQLite: its writer's): the execution is now
+        locked for the executor (run it), or None: it existed already and nothing was
+        locked. Must be quick and must not raise."""
 
     def release(self) -> None:
         """The creating transaction failed: nothing was locked. Called by the creator
@@ -257,6 +258,20 @@ class Storage(Protocol):
         worker thread, as the run returns): returns a future of the event loop, to be
         awaited there. SQLite queues it for its writer at once, not after a loop hop."""
 
+    def append_then(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None,
+        callback: Callable[[bool, Any], None],
+    ) -> None:
+        """`append` started from any thread, with no future: `callback(True, summary)` or
+        `callback(False, exception)` once the outcome is known, on whichever thread the
+        backend has it (SQLite: its writer, right after the COMMIT). The callback must be
+        quick and must not raise. (An activity run's outcome: no event-loop hop.)"""
+
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
     ) -> None:
@@ -392,7 +407,8 @@ class CancellationListener(Protocol):
 
     def add(self, execution_id: str, callback: Any) -> None: ...
 
-    def remove(self, execution_id: str) -> None: ...
+    def remove(self, execution_id: str, callback: Any = None) -> None:
+        """Forget the listener (only if it is `callback`, when given)."""
 
     async def wait_cancelling(self, timeout: float) -> set[str]:
         """For the cancellation driver: the cancelling executions that changed since the

@@ -298,8 +298,11 @@ class Notifier:
     def add(self, execution_id: str, callback: Callable[[], None]) -> None:
         self._cancel_callbacks[execution_id] = callback
 
-    def remove(self, execution_id: str) -> None:
-        self._cancel_callbacks.pop(execution_id, None)
+    def remove(self, execution_id: str, callback: Callable[[], None] | None = None) -> None:
+        """Forget the listener of `execution_id` (only if it is `callback`, when given:
+        a new run of the execution may have registered its own)."""
+        if callback is None or self._cancel_callbacks.get(execution_id) == callback:
+            self._cancel_callbacks.pop(execution_id, None)
 
     def cancelled(self, execution_id: str) -> None:
         callback = self._cancel_callbacks.get(execution_id)

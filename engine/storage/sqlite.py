@@ -212,6 +212,21 @@ class _ThreadReply:
         raise self.value
 
 
+class _CallbackReply:
+    """The outcome of a logical transaction handed to a callback on the writer thread."""
+
+    __slots__ = ("_callback",)
+
+    def __init__(self, callback: Callable[[bool, Any], None]) -> None:
+        self._callback = callback
+
+    def set(self, ok: bool, value: Any) -> None:
+        try:
+            self._callback(ok, value)
+        except Exception:  # a caller's bug must not stop the writer
+            log.exception("append callback failed")
+
+
 @dataclass(slots=True)
 class _Tx:
     fn: Callable[[sqlite3.Connection, _Notes], Any]
@@ -220,7 +235,7 @@ class _Tx:
     #: Events it appends (benchmark counters, counted once committed).
     events: int = 0
     #: ... or its reply (a caller on another thread).
-    reply: _ThreadReply | None = None
+    reply: _ThreadReply | _CallbackReply | None = None
 
 
 @dataclass(slots=True)
@@ -428,6 +443,12 @@ class _Writer:
             for tx, (ok, value, _) in zip(batch, outcomes, strict=True):
                 if tx.reply is not None:
                     tx.reply.set(ok, value)  # whatever happened: nobody waits forever
+            # Directly locked executions to their executors from here, not after a hop
+            # through the loop: their runs start on worker threads at once.
+            for ok, _, notes in outcomes:
+                if ok and notes.direct:
+                    announce_direct(notes)
+                    notes.direct = []
             self._to_loop(self.deliver, batch, outcomes, wrote, committed)
 
 
@@ -616,6 +637,30 @@ class SqliteStorage:
             raise StorageError("storage closed")
         summary: ExecutionSummary = reply.wait()
         return summary
+
+    def append_then(
+        self,
+        execution_id: str,
+        expected_version: int,
+        events: Sequence[ev.Event],
+        now: datetime,
+        extras: AppendExtras | None,
+        callback: Callable[[bool, Any], None],
+    ) -> None:
+        backtraces = (
+            _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
+        )
+        tx = _Tx(
+            lambda c, n: _append(
+                c, n, execution_id, expected_version, list(events), now, extras, backtraces
+            ),
+            None,
+            len(events),
+            _CallbackReply(callback),
+        )
+        writer = self._writer
+        if self._closed or writer is None or not writer.running or not writer.put(tx):
+            callback(False, StorageError("storage closed"))
 
     def append_soon(
         self,

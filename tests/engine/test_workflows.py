@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from engine.core import events as ev
@@ -158,6 +161,31 @@ async def test_child_error_can_be_caught(start_engine: StartEngine) -> None:
     engine = await start_engine(toml, files=files)
     eid = await engine.submit("myapp:demo/workflow.failing", [])
     assert await engine.result(eid, timeout=30) == ev.ResultOk("caught")
+
+
+async def test_a_running_workflow_calls_activities_while_the_event_loop_is_blocked(
+    start_engine: StartEngine,
+) -> None:
+    """Once a workflow runs, its direct calls need nothing from the event loop: each
+    child is locked by the transaction that creates it, handed to its executor by the
+    storage's writer thread, run on a worker thread, and its result goes from the writer
+    to the waiting workflow run (no loop hop on the path of a step)."""
+    engine = await start_engine(deployment(), files=FILES)
+    eid = await engine.submit("myapp:demo/workflow.serial", [])
+    inbox = engine.storage.open_inbox(eid)  # before the run starts: it needs the loop
+    try:
+        first, _ = await asyncio.to_thread(inbox.take, 30)
+        got = len(first)
+        assert got >= 1
+        # From here on the loop is blocked (a synchronous wait in this coroutine).
+        deadline = time.monotonic() + 30
+        while got < 10 and (left := deadline - time.monotonic()) > 0:
+            items, _ = inbox.take(left)
+            got += len(items)
+        assert got == 10
+    finally:
+        engine.storage.close_inbox(eid, inbox)
+    assert await engine.result(eid, timeout=30) == ev.ResultOk("45")
 
 
 async def test_children_are_locked_as_they_are_created_by_an_idle_executor(

@@ -743,6 +743,30 @@ async def test_a_direct_lock_is_not_taken_when_the_execution_exists_or_is_not_du
     assert s.state == PendingAt(at(60))
 
 
+async def test_append_then_calls_back_from_any_thread_with_the_outcome(storage: Storage) -> None:
+    """How an activity run's worker thread writes its outcome: no future, a callback."""
+    loop = asyncio.get_running_loop()
+    eid = await create(storage)
+    le = await lock(storage, eid, 1)
+
+    async def append_then(version: int, events: list[ev.Event]) -> tuple[bool, object]:
+        got: asyncio.Future[tuple[bool, object]] = loop.create_future()
+
+        def callback(ok: bool, value: object) -> None:
+            loop.call_soon_threadsafe(got.set_result, (ok, value))
+
+        await asyncio.to_thread(
+            storage.append_then, eid, version, events, at(2), AppendExtras(), callback
+        )
+        return await asyncio.wait_for(got, 30)
+
+    ok, value = await append_then(le.next_version + 1, [ev.Finished(OK42)])
+    assert not ok and isinstance(value, VersionConflict)
+    ok, value = await append_then(le.next_version, [ev.Finished(OK42)])
+    assert ok and isinstance(value, ExecutionSummary) and value.is_finished
+    assert await storage.wait_for_finished(eid, 5) == OK42
+
+
 async def test_a_failed_transaction_hands_no_direct_lock_over(storage: Storage) -> None:
     exr = Executor([ACTIVITY_FFQN])
     direct = RecordingLock(exr, 2)
