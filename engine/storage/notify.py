@@ -233,6 +233,14 @@ class Notifier:
         """The executions someone waits for the result of."""
         return list(self._result_waiters)
 
+    def awaits_result(self, execution_id: str) -> bool:
+        """Someone waits for the result of `execution_id` (any thread may ask)."""
+        return execution_id in self._result_waiters
+
+    def awaits_response(self, execution_id: str) -> bool:
+        """Someone on the loop waits for responses to `execution_id` (any thread)."""
+        return execution_id in self._response_waiters
+
     def finished(self, execution_id: str, result: ev.ExecutionResult) -> None:
         for fut in self._result_waiters.pop(execution_id, ()):
             if not fut.done():

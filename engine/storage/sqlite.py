@@ -266,6 +266,10 @@ def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
         fut.set_exception(value)
 
 
+#: How long the writer may hold back a delivery that nobody on the loop waits for.
+LAZY_DELIVERY = 0.005
+
+
 class _Writer:
     """The write connection on a thread of its own, fed by a thread-safe queue.
 
@@ -286,6 +290,12 @@ class _Writer:
         self.post_responses: Callable[[str, list[ev.StoredResponse]], None] | None = None
         #: ... or, in the usual batch, while its COMMIT is being made durable.
         self.early: _EarlyResponses | None = None
+        #: Set by the storage: whether a committed batch has something for the loop
+        #: that must not wait (see `_deliver_later`).
+        self.urgent: Callable[[list[_Tx], list[_Outcome]], bool] | None = None
+        #: Deliveries held back (nothing in them waits), sent with the next one.
+        self._later: list[tuple[list[_Tx], list[_Outcome], bool, bool]] = []
+        self._later_since = 0.0
         self.max_batch = max_batch
         self.conn: sqlite3.Connection | None = None
         self._queue: queue.SimpleQueue[_Tx | _Call | None] = queue.SimpleQueue()
@@ -332,8 +342,53 @@ class _Writer:
 
     # -- on the writer thread ------------------------------------------------------------
     def _to_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        if self._later:  # in commit order: what was held back first
+            self._flush_later()
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
             self.loop.call_soon_threadsafe(fn, *args)
+
+    def _deliver_later(
+        self, batch: list[_Tx], outcomes: list[_Outcome], wrote: bool, committed: bool
+    ) -> None:
+        """Hand a batch's outcomes to the loop, at once when someone there waits for
+        them (`urgent`), else with the next delivery or within `LAZY_DELIVERY` seconds:
+        a workflow step's batches have nothing the loop waits for (its run and the
+        child's are answered from this thread), and waking the loop for each costs
+        more than the rest of the step's loop work."""
+        try:
+            now = self.urgent is None or not committed or self.urgent(batch, outcomes)
+        except Exception:  # a bug: deliver at once
+            log.exception("deciding on a delivery failed")
+            now = True
+        if now:
+            self._to_loop(self.deliver, batch, outcomes, wrote, committed)
+            return
+        if not self._later:
+            self._later_since = time.monotonic()
+        self._later.append((batch, outcomes, wrote, committed))
+        if time.monotonic() - self._later_since >= LAZY_DELIVERY:
+            self._flush_later()
+
+    def _flush_later(self) -> None:
+        later, self._later = self._later, []
+        deliver = self.deliver
+
+        def deliver_all() -> None:
+            for args in later:
+                deliver(*args)
+
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(deliver_all)
+
+    def _next(self) -> _Tx | _Call | None:
+        """The next queued item; held-back deliveries go out when none comes soon."""
+        if self._later:
+            wait = LAZY_DELIVERY - (time.monotonic() - self._later_since)
+            try:
+                return self._queue.get(timeout=max(0.0, wait))
+            except queue.Empty:
+                self._flush_later()
+        return self._queue.get()
 
     def _main(self) -> None:
         try:
@@ -380,12 +435,14 @@ class _Writer:
             self._to_loop(_settle, self.stopped, True, None)
 
     def _serve(self, conn: sqlite3.Connection) -> None:
-        get, get_nowait = self._queue.get, self._queue.get_nowait
+        get_nowait = self._queue.get_nowait
         carry: _Tx | _Call | None = None
         while True:
-            item = carry if carry is not None else get()
+            item = carry if carry is not None else self._next()
             carry = None
             if item is None:
+                if self._later:
+                    self._flush_later()
                 return
             if isinstance(item, _Call):
                 cache = _summaries(conn)
@@ -417,6 +474,8 @@ class _Writer:
                 batch.append(nxt)
             self._commit(conn, batch)
             if stop:
+                if self._later:
+                    self._flush_later()
                 return
 
     def _commit(self, conn: sqlite3.Connection, batch: list[_Tx]) -> None:
@@ -449,7 +508,7 @@ class _Writer:
                 if ok and notes.direct:
                     announce_direct(notes)
                     notes.direct = []
-            self._to_loop(self.deliver, batch, outcomes, wrote, committed)
+            self._deliver_later(batch, outcomes, wrote, committed)
 
 
 class SqliteStorage:
@@ -500,6 +559,7 @@ class SqliteStorage:
             raise StorageError(f"cannot use database {p}: {e}") from None
         storage = cls(p, reader)
         writer.deliver = storage._deliver  # no batch was queued before this
+        writer.urgent = storage._urgent
         writer.post_responses = storage.notifier.post_responses
         writer.early = _EarlyResponses(storage.notifier)
         storage._writer = writer
@@ -550,6 +610,28 @@ class SqliteStorage:
                 _settle(tx.future, ok, value)
         if wrote:  # an idle executor's empty lock_pending is no change to watch
             self.notifier.changed()
+
+    def _urgent(self, batch: list[_Tx], outcomes: list[_Outcome]) -> bool:
+        """On the writer thread: whether the loop must get this batch at once (a caller
+        or an executor waits there for it), else it may wait a few milliseconds
+        (`_Writer._deliver_later`). Looking at the loop's waiters from this thread is
+        racy only the harmless way: a waiter added just now learns it that much later."""
+        n = self.notifier
+        for tx in batch:
+            if tx.future is not None:
+                return True
+        for ok, _, notes in outcomes:
+            if not ok:
+                continue
+            if notes.pending or notes.cancelled or notes.cancelling or notes.direct:
+                return True
+            if any(delay < 0.1 for delay in notes.pending_later.values()):
+                return True
+            if any(n.awaits_result(execution_id) for execution_id, _ in notes.finished):
+                return True
+            if any(n.awaits_response(execution_id) for execution_id in notes.responses):
+                return True
+        return False
 
     def _announce(self, notes: _Notes) -> None:
         for ffqn in notes.pending:
