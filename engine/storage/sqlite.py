@@ -1463,7 +1463,15 @@ def _write_summary(
         cache.put(execution_id, s, t)
 
 
-def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: datetime) -> None:
+def _create(
+    conn: sqlite3.Connection,
+    notes: _Notes,
+    req: CreateRequest,
+    now: datetime,
+    event_rows: list[Any] | None = None,
+) -> None:
+    """Create `req`'s execution. With `event_rows` (a parent's `_append`), its events
+    go there, to be inserted with the parent's in one statement."""
     created = req.created
     s = created_summary(created, now)
     lock = req.lock
@@ -1515,25 +1523,25 @@ def _create(conn: sqlite3.Connection, notes: _Notes, req: CreateRequest, now: da
     if cache is not None:
         cache.put(req.execution_id, s, t)
     if lock is None:
-        conn.execute(
-            "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
-            (req.execution_id, 0, t, ev.encode(created)),
-        )
+        if event_rows is not None:
+            event_rows += (req.execution_id, 0, t, ev.encode(created), None)
+        else:
+            conn.execute(
+                "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
+                (req.execution_id, 0, t, ev.encode(created)),
+            )
         notes.became_pending(created.ffqn, created.scheduled_at, now)
         return
-    conn.execute(
-        "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?),(?,?,?,?)",
-        (
-            req.execution_id,
-            0,
-            t,
-            ev.encode(created),
-            req.execution_id,
-            1,
-            t,
-            ev.encode(lock.locked),
-        ),
-    )
+    rows: list[Any] = [req.execution_id, 0, t, ev.encode(created), None]
+    rows += (req.execution_id, 1, t, ev.encode(lock.locked), None)
+    if event_rows is not None:
+        event_rows += rows
+    else:
+        conn.execute(
+            "INSERT INTO events (execution_id, version, created_at, event, backtrace_id) "
+            "VALUES (?,?,?,?,?),(?,?,?,?,?)",
+            rows,
+        )
     notes.direct.append((lock, direct_locked(req, lock, s)))
 
 
@@ -1714,7 +1722,7 @@ def _append(
         match event:
             case ev.HistoryEvent(event=ev.JoinSetRequest(join_set_id=js, request=req)):
                 if isinstance(req, ev.ChildExecutionRequest):
-                    _create_side(conn, notes, creates, req.child_execution_id, now)
+                    _create_side(conn, notes, creates, req.child_execution_id, now, rows)
                 elif req.expires_at <= now:
                     # Already due (e.g. a clock read): answered in the same transaction.
                     response = ev.DelayFinished(req.delay_id, js, "ok")
@@ -1726,7 +1734,7 @@ def _append(
                         (req.delay_id, execution_id, js, _us(req.expires_at)),
                     )
             case ev.HistoryEvent(event=ev.Schedule(execution_id=scheduled)):
-                _create_side(conn, notes, creates, scheduled, now)
+                _create_side(conn, notes, creates, scheduled, now, rows)
             case ev.Finished(result=result):
                 notes.finished.append((execution_id, result))
                 if s.is_workflow:  # only workflows have delays
@@ -1908,11 +1916,12 @@ def _create_side(
     creates: dict[str, CreateRequest],
     execution_id: str,
     now: datetime,
+    event_rows: list[Any] | None = None,
 ) -> None:
     req = creates.get(execution_id)
     if req is None:
         raise StorageError(f"missing creation request for {execution_id}")
-    _create(conn, notes, req, now)
+    _create(conn, notes, req, now, event_rows)
 
 
 def _add_response(
