@@ -584,11 +584,17 @@ class ReloadManager:
         counts = await self._pinned_counts()
         done = [d for d in self._pinned if counts.get(d, 0) == 0]
         if done:
-            await self._stop_executors([self._pinned.pop(d) for d in done])
+            await self._retire(done)
             for digest in done:
                 log.info("old workflow version %s retired: its executions finished", digest)
         if self._pinned and (self._retire_task is None or self._retire_task.done()):
             self._retire_task = asyncio.create_task(self._retire_loop(), name="retire old versions")
+
+    async def _retire(self, digests: list[str]) -> None:
+        # Out of `pinned_executors` only once stopped and out of `engine.executors`.
+        await self._stop_executors([self._pinned[d] for d in digests])
+        for d in digests:
+            self._pinned.pop(d, None)
 
     async def _retire_loop(self) -> None:
         while self._pinned and not self._stopping:
@@ -600,7 +606,7 @@ class ReloadManager:
                     counts = await self._pinned_counts()
                     done = [d for d in self._pinned if counts.get(d, 0) == 0]
                     if done:
-                        await self._stop_executors([self._pinned.pop(d) for d in done])
+                        await self._retire(done)
             except StorageError as e:
                 log.error("checking old workflow versions: %s", e)
 
