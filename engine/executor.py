@@ -229,10 +229,9 @@ class BaseExecutor:
                 ),
                 return_exceptions=True,
             )
-            for f, _ in inflight:  # a run that ended without taking itself out
-                for execution_id, (g, _) in list(self._inflight.items()):
-                    if g is f:
-                        del self._inflight[execution_id]
+            for execution_id, (f, _) in list(self._inflight.items()):
+                if f.done():  # ended without taking itself out: it must not loop here
+                    del self._inflight[execution_id]
 
 
 class _DirectLock:

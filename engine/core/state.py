@@ -220,14 +220,14 @@ def _counters(n: ExecutionSummary, js: str) -> JoinSetCounters | None:
     (a done one-off join set is brought back into `join_sets`)."""
     c = n.join_sets.get(js)
     if c is None:
-        if not is_done_one_off(n, js):
-            return None
-        c = _DONE
         k = one_off_k(js)
         if k is not None and ranges_contain(n.done_one_off_ks, k):
             n.done_one_off_ks = ranges_remove(n.done_one_off_ks, k)
-        else:
+        elif js.startswith("o:") and js in n.done_one_off:
             n.done_one_off = [d for d in n.done_one_off if d != js]
+        else:
+            return None
+        c = _DONE
     c = n.join_sets[js] = JoinSetCounters(c.submitted, c.received, c.consumed)
     return c
 

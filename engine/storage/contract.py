@@ -6,7 +6,6 @@ Callers pass `now` explicitly so that tests drive time with a manual clock.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -245,18 +244,6 @@ class Storage(Protocol):
         """`append` for a caller on a thread other than the event loop's (a workflow
         run on its worker thread): blocks that thread until the outcome. A backend may
         skip the loop (SQLite: its writer thread answers the caller directly)."""
-
-    def append_soon(
-        self,
-        execution_id: str,
-        expected_version: int,
-        events: Sequence[ev.Event],
-        now: datetime,
-        extras: AppendExtras | None = None,
-    ) -> asyncio.Future[ExecutionSummary]:
-        """`append` started from any thread without waiting for it (an activity run's
-        worker thread, as the run returns): returns a future of the event loop, to be
-        awaited there. SQLite queues it for its writer at once, not after a loop hop."""
 
     def append_then(
         self,

@@ -224,9 +224,7 @@ def parse_dsn(url: str) -> PostgresTarget:
         else:
             kept.append((key, value))
     if not schema or len(schema) > 50 or not schema.replace("_", "a").isalnum():
-        raise StorageError(
-            f"invalid schema name {schema!r} in the database URL (letters, digits, _)"
-        )
+        raise StorageError(f"invalid schema name {schema!r} in the database URL (letters, digits, _)")
     dsn = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept)))
     host = parts.hostname or "localhost"
     user = f"{urllib.parse.unquote(parts.username)}@" if parts.username else ""
@@ -274,9 +272,7 @@ def _start_error(target: PostgresTarget, e: BaseException) -> StorageError:
     if isinstance(e, TimeoutError):
         return StorageError(f"cannot connect to {where}: timed out")
     if isinstance(e, ConnectionRefusedError):
-        return StorageError(
-            f"cannot connect to {where}: connection refused (is the server running?)"
-        )
+        return StorageError(f"cannot connect to {where}: connection refused (is the server running?)")
     if isinstance(e, OSError):
         reason = e.strerror or str(e) or type(e).__name__
         return StorageError(f"cannot connect to {where}: {reason} (is the server running?)")
@@ -450,11 +446,7 @@ class PostgresStorage:
         self.clock_skew = 0.0
         #: Counters for benchmarks and tests.
         self.stats = {
-            "logical": 0,
-            "commits": 0,
-            "events": 0,
-            "reconnects": 0,
-            "notifications": 0,
+            "logical": 0, "commits": 0, "events": 0, "reconnects": 0, "notifications": 0,
         }
 
     # -- opening ---------------------------------------------------------------------------
@@ -679,8 +671,7 @@ class PostgresStorage:
             conn: asyncpg.Connection | None = None
             try:
                 conn = await asyncpg.connect(
-                    self.target.dsn,
-                    timeout=10.0,
+                    self.target.dsn, timeout=10.0,
                     server_settings=_server_settings(self.target.schema),
                 )
                 lost = asyncio.Event()
@@ -703,9 +694,7 @@ class PostgresStorage:
             except Exception as e:
                 if self._closed:
                     break
-                log.warning(
-                    "database listener: %s; reconnecting", _first_line(e) or type(e).__name__
-                )
+                log.warning("database listener: %s; reconnecting", _first_line(e) or type(e).__name__)
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -845,38 +834,6 @@ class PostgresStorage:
         # asyncpg lives on the loop: the append runs there.
         coro = self.append(execution_id, expected_version, events, now, extras)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def append_soon(
-        self,
-        execution_id: str,
-        expected_version: int,
-        events: Sequence[ev.Event],
-        now: datetime,
-        extras: AppendExtras | None = None,
-    ) -> asyncio.Future[ExecutionSummary]:
-        loop = self._loop
-        fut: asyncio.Future[ExecutionSummary] = loop.create_future()
-
-        def start() -> None:
-            task = loop.create_task(
-                self.append(execution_id, expected_version, events, now, extras)
-            )
-
-            def done(t: asyncio.Task[ExecutionSummary]) -> None:
-                if fut.done():  # the caller gave up: retrieve the outcome all the same
-                    if not t.cancelled():
-                        t.exception()
-                elif t.cancelled():
-                    fut.cancel()
-                elif (e := t.exception()) is not None:
-                    fut.set_exception(e)
-                else:
-                    fut.set_result(t.result())
-
-            task.add_done_callback(done)
-
-        loop.call_soon_threadsafe(start)
-        return fut
 
     def append_then(
         self,
@@ -1553,13 +1510,7 @@ async def _write_summary(
     statement, one round trip."""
     state, pending_at, lock_expires_at = projection(s)
     args: list[Any] = [
-        execution_id,
-        state,
-        pending_at,
-        lock_expires_at,
-        s.next_version,
-        us(at),
-        ev.encode(s),
+        execution_id, state, pending_at, lock_expires_at, s.next_version, us(at), ev.encode(s),
     ]
     if not events:
         await c.write(_UPDATE_SUMMARY, *args)
@@ -1609,17 +1560,9 @@ async def _create_many(
         for col, value in zip(
             cols,
             (
-                req.execution_id,
-                created.ffqn,
-                created.component_id.type,
-                created.parent[0] if created.parent else None,
-                state,
-                pending_at,
-                lock_expires_at,
-                ev.encode(s),
-                ev.encode(created),
-                s.next_version,
-                lock_blob,
+                req.execution_id, created.ffqn, created.component_id.type,
+                created.parent[0] if created.parent else None, state, pending_at,
+                lock_expires_at, ev.encode(s), ev.encode(created), s.next_version, lock_blob,
             ),
             strict=True,
         ):
@@ -1824,7 +1767,9 @@ async def _append(
     backtrace_of = await _backtrace_ids(c, backtraces)
     t = us(now)
     first = expected_version
-    rows = [(first + i, t, ev.encode(event), backtrace_of.get(i)) for i, event in enumerate(events)]
+    rows = [
+        (first + i, t, ev.encode(event), backtrace_of.get(i)) for i, event in enumerate(events)
+    ]
     await _write_summary(c, execution_id, s, now, rows)
     if to_create:
         await _create_many(c, notes, to_create, now)
@@ -1904,17 +1849,8 @@ async def _add_response(
         else ""
     )
     args: list[Any] = [
-        execution_id,
-        s.responses,
-        us(at),
-        source,
-        ev.encode(response),
-        state,
-        pending_at,
-        lock_expires_at,
-        s.next_version,
-        us(at),
-        ev.encode(s),
+        execution_id, s.responses, us(at), source, ev.encode(response),
+        state, pending_at, lock_expires_at, s.next_version, us(at), ev.encode(s),
     ]
     if delete_delay:
         args.append(response.delay_id)  # type: ignore[union-attr]
@@ -2015,7 +1951,9 @@ async def _replace_backtraces(
 
 async def _cancel_delay(c: _Conn, notes: Notes, delay_id: str, now: datetime) -> ExecutionSummary:
     """`delay_finished(cancelled)` to the owner of a live delay (SPEC §8)."""
-    row = await c.row("SELECT execution_id, join_set_id FROM delays WHERE delay_id = $1", delay_id)
+    row = await c.row(
+        "SELECT execution_id, join_set_id FROM delays WHERE delay_id = $1", delay_id
+    )
     if row is None:
         try:
             owner = str(DelayId.parse(delay_id).owner()[0])
@@ -2088,12 +2026,7 @@ _ROW_COLUMNS = "execution_id, ffqn, component_type, parent_id, created_at, updat
 def _row(row: Any) -> ExecutionRow:
     execution_id, ffqn, component_type, parent_id, created_at, updated_at, blob = row
     return execution_row(
-        execution_id,
-        ffqn,
-        component_type,
-        parent_id,
-        created_at,
-        updated_at,
+        execution_id, ffqn, component_type, parent_id, created_at, updated_at,
         summary_decoder.decode(blob),
     )
 

@@ -507,7 +507,6 @@ class _Writer:
             for ok, _, notes in outcomes:
                 if ok and notes.direct:
                     announce_direct(notes)
-                    notes.direct = []
             self._deliver_later(batch, outcomes, wrote, committed)
 
 
@@ -623,7 +622,7 @@ class SqliteStorage:
         for ok, _, notes in outcomes:
             if not ok:
                 continue
-            if notes.pending or notes.cancelled or notes.cancelling or notes.direct:
+            if notes.pending or notes.cancelled or notes.cancelling:
                 return True
             if any(delay < 0.1 for delay in notes.pending_later.values()):
                 return True
@@ -634,6 +633,7 @@ class SqliteStorage:
         return False
 
     def _announce(self, notes: _Notes) -> None:
+        # (Direct locks are handed over by the writer thread: `_Writer._commit`.)
         for ffqn in notes.pending:
             self.notifier.pending(ffqn)
         for ffqn, delay in notes.pending_later.items():
@@ -647,7 +647,6 @@ class SqliteStorage:
             self.notifier.cancelled(execution_id)
         for execution_id in notes.cancelling:
             self.notifier.cancelling(execution_id)
-        announce_direct(notes)
 
     # -- writes -----------------------------------------------------------------------
     async def create(self, request: CreateRequest, now: datetime) -> None:
@@ -682,15 +681,8 @@ class SqliteStorage:
         now: datetime,
         extras: AppendExtras | None = None,
     ) -> ExecutionSummary:
-        backtraces = (
-            _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
-        )
-        return await self._write(
-            lambda c, n: _append(
-                c, n, execution_id, expected_version, list(events), now, extras, backtraces
-            ),
-            len(events),
-        )
+        fn = _append_fn(execution_id, expected_version, events, now, extras)
+        return await self._write(fn, len(events))
 
     def append_from_thread(
         self,
@@ -700,22 +692,12 @@ class SqliteStorage:
         now: datetime,
         extras: AppendExtras | None = None,
     ) -> ExecutionSummary:
-        backtraces = (
-            _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
-        )
+        fn = _append_fn(execution_id, expected_version, events, now, extras)
         writer = self._writer
         if self._closed or writer is None or not writer.running:
             raise StorageError("storage closed")
         reply = _ThreadReply()
-        tx = _Tx(
-            lambda c, n: _append(
-                c, n, execution_id, expected_version, list(events), now, extras, backtraces
-            ),
-            None,
-            len(events),
-            reply,
-        )
-        if not writer.put(tx):
+        if not writer.put(_Tx(fn, None, len(events), reply)):
             raise StorageError("storage closed")
         summary: ExecutionSummary = reply.wait()
         return summary
@@ -729,47 +711,11 @@ class SqliteStorage:
         extras: AppendExtras | None,
         callback: Callable[[bool, Any], None],
     ) -> None:
-        backtraces = (
-            _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
-        )
-        tx = _Tx(
-            lambda c, n: _append(
-                c, n, execution_id, expected_version, list(events), now, extras, backtraces
-            ),
-            None,
-            len(events),
-            _CallbackReply(callback),
-        )
+        fn = _append_fn(execution_id, expected_version, events, now, extras)
+        tx = _Tx(fn, None, len(events), _CallbackReply(callback))
         writer = self._writer
         if self._closed or writer is None or not writer.running or not writer.put(tx):
             callback(False, StorageError("storage closed"))
-
-    def append_soon(
-        self,
-        execution_id: str,
-        expected_version: int,
-        events: Sequence[ev.Event],
-        now: datetime,
-        extras: AppendExtras | None = None,
-    ) -> asyncio.Future[ExecutionSummary]:
-        backtraces = (
-            _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
-        )
-        writer = self._writer
-        if writer is None:
-            raise StorageError("storage closed")
-        # Created here, completed by `_deliver` on the loop (like any loop caller's).
-        fut: asyncio.Future[ExecutionSummary] = writer.loop.create_future()
-        tx = _Tx(
-            lambda c, n: _append(
-                c, n, execution_id, expected_version, list(events), now, extras, backtraces
-            ),
-            fut,
-            len(events),
-        )
-        if self._closed or not writer.running or not writer.put(tx):
-            writer.loop.call_soon_threadsafe(_settle, fut, False, StorageError("storage closed"))
-        return fut
 
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
@@ -1689,6 +1635,22 @@ def _lock_pending(
             )
         )
     return result
+
+
+def _append_fn(
+    execution_id: str,
+    expected_version: int,
+    events: Sequence[ev.Event],
+    now: datetime,
+    extras: AppendExtras | None,
+) -> Callable[[sqlite3.Connection, _Notes], ExecutionSummary]:
+    """The logical transaction of an append (backtraces prepared by the caller's thread,
+    not the writer's)."""
+    backtraces = _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
+    events = list(events)
+    return lambda c, n: _append(
+        c, n, execution_id, expected_version, events, now, extras, backtraces
+    )
 
 
 def _append(

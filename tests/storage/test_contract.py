@@ -375,22 +375,6 @@ async def test_append_from_thread_writes_and_refuses_like_append(storage: Storag
         )
 
 
-async def test_append_soon_from_a_thread_completes_on_the_loop(storage: Storage) -> None:
-    eid = await create(storage)
-    le = await lock(storage, eid, 1)
-    wrong = await asyncio.to_thread(
-        storage.append_soon, eid, le.next_version + 1, [ev.Finished(OK42)], at(2)
-    )
-    with pytest.raises(VersionConflict):
-        await asyncio.wait_for(wrong, 5)
-    written = await asyncio.to_thread(
-        storage.append_soon, eid, le.next_version, [ev.Finished(OK42)], at(2)
-    )
-    s = await asyncio.wait_for(written, 5)
-    assert s.result == OK42
-    assert s == await storage.get_summary(eid)
-
-
 async def test_append_illegal_transition_conflicts(storage: Storage) -> None:
     eid = await create(storage)
     # Unlocked needs a locked execution.
@@ -764,6 +748,7 @@ async def test_append_then_calls_back_from_any_thread_with_the_outcome(storage: 
     assert not ok and isinstance(value, VersionConflict)
     ok, value = await append_then(le.next_version, [ev.Finished(OK42)])
     assert ok and isinstance(value, ExecutionSummary) and value.is_finished
+    assert value == await storage.get_summary(eid)
     assert await storage.wait_for_finished(eid, 5) == OK42
 
 

@@ -30,13 +30,12 @@ from engine.workers.outcome import LogLine
 
 from .conftest import (
     ACTIVITY_FFQN,
-    WORKFLOW,
-    WORKFLOW_FFQN,
     Executor,
     at,
     child_id,
     create_request,
 )
+from .test_contract import submit_children
 
 
 @pytest.fixture
@@ -322,23 +321,7 @@ async def test_a_rolled_back_response_leaves_nothing_in_the_summary_cache(
 ) -> None:
     """A child's `finished` writes the parent's response and summary; when a later event
     of the same append is refused, neither stays (in the database or the cache)."""
-    parent = create_request(ffqn=WORKFLOW_FFQN)
-    await storage.create(parent, at(0))
-    pid = parent.execution_id
-    [wf] = await storage.lock_pending(**Executor([WORKFLOW_FFQN], WORKFLOW).lock_args(at(1)))
-    child = child_id(pid, "g:1")
-    await storage.append(
-        pid,
-        wf.next_version,
-        [
-            ev.HistoryEvent(ev.JoinSetCreate("g:1")),
-            ev.HistoryEvent(
-                ev.JoinSetRequest("g:1", ev.ChildExecutionRequest(child, ACTIVITY_FFQN, []))
-            ),
-        ],
-        at(2),
-        extras=AppendExtras(creates=[create_request(child, parent=(pid, "g:1"))]),
-    )
+    pid, [child], _ = await submit_children(storage, [None])
     [le] = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(3)))
     done = ev.Finished(ev.ResultOk())
     with pytest.raises(Conflict, match="finished"):
