@@ -238,17 +238,20 @@ class _DirectLock:
     """A slot of an activity executor promised to an execution being created (see
     `engine.storage.contract.DirectLock`)."""
 
-    __slots__ = ("_executor", "locked")
+    __slots__ = ("_executor", "_settled", "locked")
 
     def __init__(self, executor: ActivityExecutor, locked: ev.Locked) -> None:
         self._executor = executor
         self.locked = locked
+        self._settled = threading.Lock()  # held once taken or released
 
     def taken(self, execution: LockedExecution | None) -> None:
-        self._executor._direct_taken(execution)
+        if self._settled.acquire(blocking=False):
+            self._executor._direct_taken(execution)
 
     def release(self) -> None:
-        self._executor._direct_release()
+        if self._settled.acquire(blocking=False):
+            self._executor._direct_release()
 
 
 class ActivityExecutor(BaseExecutor):
@@ -277,7 +280,7 @@ class ActivityExecutor(BaseExecutor):
         return _DirectLock(self, locked)
 
     def _direct_taken(self, execution: LockedExecution | None) -> None:
-        """After the commit, on any thread (SQLite: its writer's)."""
+        """Once the creation is written, on any thread (SQLite: its writer's)."""
         with self._reserve_lock:
             self._reserved -= 1
         if execution is None:

@@ -84,6 +84,8 @@ class Notes:
     response_items: list[tuple[str, ev.StoredResponse]] = field(default_factory=list)
     #: Creations with a direct lock: what the executor gets (None: not locked).
     direct: list[tuple[DirectLock, LockedExecution | None]] = field(default_factory=list)
+    #: Whether `direct` went to the executors already (SQLite: before the COMMIT).
+    direct_handed: bool = False
     #: FFQNs with executions that became pending but are due only later: seconds from
     #: the transaction's `now` to the earliest (executors are woken then, not now).
     pending_later: dict[str, float] = field(default_factory=dict)

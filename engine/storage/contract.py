@@ -49,13 +49,16 @@ class DirectLock(Protocol):
         ...
 
     def taken(self, execution: LockedExecution | None) -> None:
-        """After the commit, on any thread (SQLite: its writer's): the execution is now
-        locked for the executor (run it), or None: it existed already and nothing was
-        locked. Must be quick and must not raise."""
+        """Once the creating transaction is written, on any thread (SQLite: its writer's,
+        just before the COMMIT): the execution is now locked for the executor (run it),
+        or None: it existed already and nothing was locked. Must be quick and must not
+        raise. Only the first of `taken` and `release` counts: a storage that hands
+        locks over before the COMMIT calls `taken` again when a failed COMMIT made it
+        write them a second time, and the creator may then see its write fail."""
 
     def release(self) -> None:
         """The creating transaction failed: nothing was locked. Called by the creator
-        (any thread), never by the storage."""
+        (any thread), never by the storage; a no-op after `taken`."""
 
 
 @dataclass(frozen=True, slots=True)

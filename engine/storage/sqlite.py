@@ -505,7 +505,7 @@ class _Writer:
             # Directly locked executions to their executors from here, not after a hop
             # through the loop: their runs start on worker threads at once.
             for ok, _, notes in outcomes:
-                if ok and notes.direct:
+                if ok and notes.direct and not notes.direct_handed:
                     announce_direct(notes)
             self._deliver_later(batch, outcomes, wrote, committed)
 
@@ -1285,6 +1285,14 @@ def _run_batch_plain(
             return None
         outcomes.append((True, value, notes))
     seq = early.post(outcomes) if early is not None else 0
+    # Directly locked children start now: their runs overlap the fsync of the COMMIT
+    # that creates them. Should that COMMIT fail, the savepoint retry writes the same
+    # locks again (a second hand-over is a no-op) or the runs' outcomes find no such
+    # execution and are dropped: an activity may run once more, never be lost.
+    for _, _, notes in outcomes:
+        if notes.direct:
+            announce_direct(notes)
+            notes.direct_handed = True
     try:
         conn.execute("COMMIT")
     except sqlite3.Error:

@@ -492,32 +492,57 @@ def _position(stack: str | None, filename: str) -> str:
     return ""
 
 
-def _run_coroutine(factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
-    """Run a coroutine on a private event loop in this thread (or a helper thread
-    when this thread already runs a loop). The loop's default executor is not waited
-    for on close, so an abandoned DNS lookup cannot hold the caller."""
+class _ThreadLoop:
+    """A thread's private event loop, kept from one run to the next: a new loop costs a
+    socket pair and an epoll instance, and closing one looks at every task of the
+    process (`asyncio.all_tasks`), hundreds while the engine's loop is busy. The tasks
+    created on it are tracked here, so that the ones a run leaves behind are found
+    without that scan. Closed when its thread ends (the thread-local goes)."""
 
-    def go() -> _T:
-        loop = asyncio.new_event_loop()
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.loop.set_task_factory(self._task)
+
+    def _task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def run(self, factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+        loop = self.loop
         try:
             return loop.run_until_complete(factory())
         finally:
-            try:
-                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-                for t in pending:
-                    t.cancel()
-                if pending:
-                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            finally:
-                loop.close()
+            pending = [t for t in self.tasks if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if not self.loop.is_closed():
+                self.loop.close()
+
+
+_thread_loops = threading.local()
+
+
+def _run_coroutine(factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """Run a coroutine on this thread's private event loop (or on a helper thread when
+    this thread already runs a loop). The loop's default executor is never waited for,
+    so an abandoned DNS lookup cannot hold the caller."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return go()
+        own: _ThreadLoop | None = getattr(_thread_loops, "loop", None)
+        if own is None or own.loop.is_closed():
+            own = _thread_loops.loop = _ThreadLoop()
+        return own.run(factory)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(go).result()
+        return pool.submit(lambda: _run_coroutine(factory)).result()
 
 
 class _FetchError(Exception):

@@ -134,6 +134,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import re
 import threading
 import time
@@ -173,6 +174,7 @@ from engine.workflow.host_api import (
     WorkflowCallError,
     WorkflowHost,
 )
+from engine.workflow.js_heap import HeapImage, memory_of
 
 # Memory reads and writes, export lookups and type conversions of every guest call and
 # host callback keep the GIL (`engine.workers.gil`).
@@ -192,6 +194,8 @@ __all__ = [
     "parse_js_stack",
     "warm_up",
 ]
+
+log = logging.getLogger("obelisk.workflow.js")
 
 DEFAULT_LOAD_TIMEOUT = 5.0
 """Seconds the module's top-level code may compute during `check()`."""
@@ -424,6 +428,9 @@ const rawHost = G.__obelisk_host;
 delete G.__obelisk_host;
 delete G.performance;
 let EXECUTION_ID = "";
+// Reads of the execution's id or seed before `__obelisk_init` (by the module's top-level
+// code, when a runner loads the module once for a heap image: such a module cannot use one).
+let PRE_INIT_READS = 0;
 const STACK_OPS = new Set(__OBELISK_STACK_OPS__);
 const RealDate = Date;
 const RealError = Error;
@@ -502,6 +509,7 @@ define(G, "Date", DetDate);
 let s0 = 1, s1 = 0, s2 = 0, s3 = 0;
 const rotl = (x, k) => (x << k) | (x >>> (32 - k));
 function nextU32() {
+  if (EXECUTION_ID === "") PRE_INIT_READS++;
   const result = Math.imul(rotl(Math.imul(s1, 5), 7), 9) >>> 0;
   const t = s1 << 9;
   s2 ^= s0; s3 ^= s1; s1 ^= s2; s0 ^= s3; s2 ^= t; s3 = rotl(s3, 11);
@@ -727,7 +735,10 @@ const api = {
     if (hi <= lo) throw misuse(`randomString: maxLenExclusive (${hi}) must be greater than minLen (${lo})`, RangeError);
     return host("random_string", [lo, hi]);
   },
-  executionIdCurrent() { return EXECUTION_ID; },
+  executionIdCurrent() {
+    if (EXECUTION_ID === "") PRE_INIT_READS++;
+    return EXECUTION_ID;
+  },
   executionIdGenerate() { return host("id_generate", []); },
   ChildExecutionError,
   ChildError: ChildExecutionError,
@@ -785,8 +796,12 @@ Object.defineProperty(G, "__obelisk_init", {
     EXECUTION_ID = executionId;
     s0 = seed[0] | 0; s1 = seed[1] | 0; s2 = seed[2] | 0; s3 = seed[3] | 0;
     delete G.__obelisk_init;
+    delete G.__obelisk_pre_init_reads;
   },
   configurable: true, enumerable: false,
+});
+Object.defineProperty(G, "__obelisk_pre_init_reads", {
+  value: () => PRE_INIT_READS, configurable: true, enumerable: false,
 });
 
 // -- invoking the export --------------------------------------------------------------------
@@ -856,37 +871,40 @@ _ABORT_REPLY = json.dumps({"e": "the workflow run was aborted"})
 
 _PRELUDE_SOURCE = _PRELUDE.replace("__OBELISK_STACK_OPS__", json.dumps(list(_STACK_OPS)))
 
-#: Whether runs start from a heap snapshot taken after the prelude (tests compare both).
+#: Whether runs start from a heap image taken after the prelude (tests compare both).
 USE_SNAPSHOT = True
+#: Whether runs start from a heap image taken once per runner after its module loaded
+#: (only with `USE_SNAPSHOT`; tests compare both).
+USE_MODULE_IMAGE = True
 
-_snapshots: dict[int, Any] = {}
-_snapshot_lock = threading.Lock()
+_prelude_images: dict[int, HeapImage | None] = {}
+_prelude_lock = threading.Lock()
 
 
-def _prelude_snapshot(memory_limit: int) -> Any:
+def _prelude_image(memory_limit: int, inst: Any) -> HeapImage | None:
     """A QuickJS heap image with the prelude evaluated (one per memory limit, built on
-    first use): restoring it (a memory copy) is much cheaper than compiling and running
-    the prelude in every run. None when quickjs-rs cannot snapshot."""
-    snapshot = _snapshots.get(memory_limit)
-    if snapshot is not None:
-        return snapshot
-    with _snapshot_lock:
-        snapshot = _snapshots.get(memory_limit)
-        if snapshot is not None:
-            return snapshot
+    first use from the fresh sandbox `inst`): restoring it is much cheaper than compiling
+    and running the prelude in every run. None when quickjs-rs cannot snapshot."""
+    if memory_limit in _prelude_images:
+        return _prelude_images[memory_limit]
+    with _prelude_lock:
+        if memory_limit in _prelude_images:
+            return _prelude_images[memory_limit]
+        fresh = memory_of(inst)
         rt = Runtime(memory_limit=memory_limit)
+        image: HeapImage | None
         try:
             ctx = rt.new_context(timeout=_FOREVER)
             ctx.register("__obelisk_host", lambda _request: _ABORT_REPLY, is_async=False)
             ctx.eval(_PRELUDE_SOURCE, filename="<obelisk:prelude>")
-            snapshot = ctx.create_snapshot()
+            image = HeapImage.capture(ctx._engine_ctx._inst, fresh)
         except Exception:
-            snapshot = None
+            log.debug("no prelude heap image", exc_info=True)
+            image = None
         finally:
             rt.close()
-        if snapshot is not None:
-            _snapshots[memory_limit] = snapshot
-        return snapshot
+        _prelude_images[memory_limit] = image
+        return image
 
 
 def _map_host_function(ctx: Any, name: str, fn: Callable[..., Any]) -> None:
@@ -1144,6 +1162,14 @@ class _Run:
         self.ctx: Any = None
         self.accelerated = False
         self.from_snapshot = False
+        #: Set before `open()`: start from this heap image, module loaded (see
+        #: `JsWorkflowRunner._module_image`); `module_loaded` once that happened.
+        self.module_image: HeapImage | None = None
+        self.module_loaded = False
+        #: Host calls made so far (a module image needs a load that made none).
+        self.dispatched = 0
+        #: Set by `open(capture_fresh=True)`: the sandbox's memory before anything ran.
+        self.fresh_memory: bytes | None = None
         self._ops: dict[str, Callable[[list[Any]], Any]] = {
             "log": self._op_log,
             "now": lambda _a: self._host().now_ms(),
@@ -1165,7 +1191,7 @@ class _Run:
 
     # -- sandbox --
 
-    def open(self) -> None:
+    def open(self, *, init: bool = True, capture_fresh: bool = False) -> None:
         runner = self.runner
         self.rt = Runtime(memory_limit=runner.memory_limit)
         self.rt.set_module_loader(normalize=self._normalize, load=self._load)
@@ -1175,20 +1201,29 @@ class _Run:
         inst: Any = self.ctx._engine_ctx._inst
         inst.store.set_limits(memory_size=runner.memory_limit)
         self.accelerated = ACCELERATE and _fast_guest_calls(inst) and self._fast_host_call(inst)
-        snapshot = _prelude_snapshot(runner.memory_limit) if USE_SNAPSHOT else None
-        if snapshot is not None:
+        if capture_fresh:
+            self.fresh_memory = memory_of(inst)
+        image = None
+        if USE_SNAPSHOT:
+            image = self.module_image or _prelude_image(runner.memory_limit, inst)
+        if image is not None:
             # The guest calls host functions by name: mapping the name to this run's
             # dispatcher is all a restored prelude's (restored) `__obelisk_host` needs.
             # (`register` would also make a JS function and set it on the global
             # object, three guest calls the restore then overwrites.)
             _map_host_function(self.ctx, "__obelisk_host", self._dispatch)
-            self.rt.restore_snapshot(snapshot, self.ctx)
+            image.restore(inst)
             self.from_snapshot = True
+            self.module_loaded = image is self.module_image
         else:
             self.ctx.register("__obelisk_host", self._dispatch, is_async=False)
             self.ctx.eval(_PRELUDE_SOURCE, filename="<obelisk:prelude>")
-        init = f"__obelisk_init({json.dumps(self.execution_id)}, {json.dumps(_seed(self.execution_id))})"
-        self.ctx.eval(init, filename="<obelisk:init>")
+        if init:
+            init_js = (
+                f"__obelisk_init({json.dumps(self.execution_id)}, "
+                f"{json.dumps(_seed(self.execution_id))})"
+            )
+            self.ctx.eval(init_js, filename="<obelisk:init>")
 
     def _fast_host_call(self, inst: Any) -> bool:
         """Route the prelude's `__obelisk_host(request)` straight to `_dispatch`.
@@ -1264,6 +1299,8 @@ class _Run:
         return None if module is None else _module_source(module)
 
     async def load_module(self) -> None:
+        if self.module_loaded:  # restored from the runner's module image
+            return
         self.guest_since = time.monotonic()
         await self.ctx.eval_async(f"import {json.dumps(_LOAD_MODULE)};", module=True)
 
@@ -1298,6 +1335,7 @@ class _Run:
         """The one host function the prelude calls: `[op, args, stack]` as JSON in, a
         JSON reply `{"v": value}` / `{"e": message, "t"?: "TypeError"}` out. (One string
         each way: every value crossing the QuickJS boundary costs several WASM calls.)"""
+        self.dispatched += 1
         try:
             if self.stopping:
                 return _ABORT_REPLY
@@ -1449,6 +1487,10 @@ class JsWorkflowRunner:
         self.load_timeout = load_timeout
         self._lock = threading.Lock()
         self._active: set[_Run] = set()
+        #: Heap images after the module loaded, by the import table they were loaded
+        #: with (None: this module cannot have one). See `_module_image`.
+        self._module_images: dict[tuple[Any, ...], HeapImage | None] = {}
+        self._image_lock = threading.Lock()
 
     @property
     def export(self) -> str:
@@ -1605,6 +1647,8 @@ class JsWorkflowRunner:
         except RunAborted:
             return WfAborted()
         run = _Run(self, host, interfaces, host.execution_id, spin_timeout)
+        if USE_SNAPSHOT and USE_MODULE_IMAGE:
+            run.module_image = self._module_image(run.modules, interfaces)
         with self._lock:
             self._active.add(run)
         try:
@@ -1620,6 +1664,59 @@ class JsWorkflowRunner:
         if run.timed_out:
             return WfTimedOut()
         return outcome
+
+    def _module_image(
+        self,
+        modules: dict[str, _VirtualModule],
+        interfaces: Mapping[str, Mapping[str, FunctionShape]],
+    ) -> HeapImage | None:
+        """The heap after the module loaded, for runs with these imports (built on first
+        use): a run restores it instead of compiling and evaluating the module and its
+        imports (~2 ms). The module is loaded once without a host and before
+        `__obelisk_init`; a module whose top-level code made a host call or read the
+        execution's id or random numbers (which `__obelisk_init` sets) gets no image, so
+        each of its runs loads it after `__obelisk_init` as before."""
+        key = tuple(sorted(modules.items()))
+        try:
+            return self._module_images[key]
+        except KeyError:
+            pass
+        with self._image_lock:
+            if key in self._module_images:
+                return self._module_images[key]
+            image = self._build_module_image(interfaces)
+            if len(self._module_images) >= 8:  # imports changed: the old ones are gone
+                self._module_images.clear()
+            self._module_images[key] = image
+            return image
+
+    def _build_module_image(
+        self, interfaces: Mapping[str, Mapping[str, FunctionShape]]
+    ) -> HeapImage | None:
+        template = _Run(self, None, interfaces, "", self.load_timeout)
+
+        async def load() -> None:
+            template.open(init=False, capture_fresh=True)
+            await template.load_module()
+
+        try:
+            _run_coroutine(load)
+            if (
+                template.dispatched
+                or template.stopping
+                or template.unresolved
+                or not template.from_snapshot
+                or template.fresh_memory is None
+                or template.ctx.eval("__obelisk_pre_init_reads()") != 0
+                or template.export_kind(self.export)[0] != "function"
+            ):
+                return None
+            return HeapImage.capture(template.ctx._engine_ctx._inst, template.fresh_memory)
+        except Exception:  # the runs load the module themselves and report what fails
+            log.debug("%s: no module heap image", self.filename, exc_info=True)
+            return None
+        finally:
+            template.close()
 
     async def _run_async(self, run: _Run, params_js: str) -> WorkflowOutcome:
         try:

@@ -35,7 +35,7 @@ from .conftest import (
     child_id,
     create_request,
 )
-from .test_contract import submit_children
+from .test_contract import RecordingLock, submit_children
 
 
 @pytest.fixture
@@ -354,6 +354,31 @@ async def test_writes_of_another_connection_are_seen_despite_the_summary_cache(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_direct_lock_is_handed_over_once_before_its_commit(
+    storage: SqliteStorage, db_path: Path
+) -> None:
+    """The child's run may start while the COMMIT that creates it waits for the disk: at
+    the hand-over another connection does not see the child yet; after it, it does."""
+    seen: list[bool] = []
+
+    class PeekingLock(RecordingLock):
+        def taken(self, execution: Any) -> None:
+            with contextlib.closing(raw(db_path)) as c:
+                row = c.execute(
+                    "SELECT 1 FROM executions WHERE execution_id = ?",
+                    (execution.execution_id,),
+                ).fetchone()
+            seen.append(row is not None)
+            super().taken(execution)
+
+    lock = PeekingLock(Executor([ACTIVITY_FFQN]), 2)
+    _, [child], _ = await submit_children(storage, [lock])
+    assert seen == [False]  # handed over before the COMMIT, and only once
+    assert [h.execution_id for h in lock.handed if h is not None] == [child]
+    with contextlib.closing(raw(db_path)) as c:
+        assert c.execute("SELECT 1 FROM executions WHERE execution_id = ?", (child,)).fetchone()
 
 
 # ---------------------------------------------------------------------------------------
