@@ -120,13 +120,18 @@ Cost and quickjs-rs internals
 -----------------------------
 Like `activity_js`, the runtime installs its own interrupt handler and a linear-memory
 limit through private attributes of quickjs-rs 0.2.6 (`Runtime._engine_rt`,
-`Context._engine_ctx._inst.store`). Two more private hooks make runs cheaper, each with
-a switch the tests flip to check both paths give the same results: `USE_SNAPSHOT` (every
-run restores a heap image taken once after the prelude instead of compiling it) and
-`ACCELERATE` (a leaner guest-call path: cached export signatures, and the one-string
-host bridge read without quickjs-rs's generic marshalling). With both, a run costs
-about 5 ms of CPU plus ~0.15-0.2 ms per host call (vs ~10 ms and ~0.4 ms without them;
-measured on a shared 2-core machine, so indicative only).
+`Context._engine_ctx._inst.store`). More private hooks make runs cheaper, each with a
+switch the tests flip to check both paths give the same results: `USE_SNAPSHOT` (every
+run restores a heap image taken once after the prelude instead of compiling it),
+`USE_MODULE_IMAGE` (with it, a heap image taken once per runner and import table after
+the module loaded: no module compile per run, unless the module's top-level code made
+host calls or read the execution's id or random numbers before `__obelisk_init`, see
+`JsWorkflowRunner._module_image`) and `ACCELERATE` (a leaner guest-call path: cached
+export signatures, and the one-string host bridge read without quickjs-rs's generic
+marshalling). Images restore page-wise (`engine.workflow.js_heap`). With all of them a
+run costs ~2.5 ms of CPU alone, ~5 ms with a hundred at once, plus ~0.15-0.2 ms per host
+call (vs ~10 ms and ~0.4 ms without them; measured on a shared 2-core machine, so
+indicative only).
 """
 
 from __future__ import annotations
