@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.activity_throughput [--count 10000] [--batch-size 500]
         [--max-inflight 64] [--exec-batch-size 64] [--default-gc] [--cpus LIST]
-        [--data-dir DIR] [--json]
+        [--cpu-affinity split|off] [--data-dir DIR] [--json]
 
 A fresh temporary data directory (SQLite WAL, synchronous=FULL) and a deployment with the
 `testing:fixtures/activity` component (built from WAT by `tests.fixtures.components`). The
@@ -11,8 +11,9 @@ in batches of `--batch-size` concurrent calls (`asyncio.gather`), and for every 
 execution a task that awaits `Engine.result` (a notification, not polling). The clock runs
 from the first submit to the last result.
 
-The process uses the garbage-collector thresholds of `obelisk server run`
-(`engine.gc_tuning`) unless `--default-gc` is given.
+The process uses the garbage-collector thresholds and the thread placement of `obelisk
+server run` (`engine.gc_tuning`, `engine.affinity`) unless `--default-gc` or
+`--cpu-affinity off` is given.
 
 Reported: executions/s end to end, the submit rate, and from `storage.stats` the events,
 logical transactions and physical commits per second (group commit: many logical
@@ -59,11 +60,12 @@ async def run(
     max_inflight: int,
     exec_batch_size: int,
     data_dir: Path,
+    cpu_affinity: Any = "split",
 ) -> dict[str, Any]:
     from engine.engine import Engine
 
     deployment = write_deployment(data_dir, max_inflight=max_inflight, exec_batch_size=exec_batch_size)
-    engine = await Engine.start(deployment, data_dir / "data")
+    engine = await Engine.start(deployment, data_dir / "data", cpu_affinity=cpu_affinity)
     try:
         # Warm-up (not measured): the first instantiation, the first commit.
         warm = await engine.submit(FFQN, [1, 2])
@@ -155,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         "--cpus", metavar="LIST",
         help="run pinned to these CPUs, e.g. 0 or 0,1 (os.sched_setaffinity; default: all)",
     )
+    p.add_argument(
+        "--cpu-affinity", choices=["off", "split"], default="split",
+        help="the engine's thread placement (engine.affinity; default split)",
+    )
     p.add_argument("--data-dir", type=Path, help="parent of the data dir (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args(argv)
@@ -169,10 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="obelisk-bench-", dir=args.data_dir))
     try:
         result = asyncio.run(
-            run(args.count, args.batch_size, args.max_inflight, args.exec_batch_size, tmp)
+            run(
+                args.count,
+                args.batch_size,
+                args.max_inflight,
+                args.exec_batch_size,
+                tmp,
+                args.cpu_affinity,
+            )
         )
         result["gc_thresholds"] = list(gc.get_threshold())
         result["cpus"] = sorted(os.sched_getaffinity(0))
+        result["cpu_affinity"] = args.cpu_affinity
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
@@ -183,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{r['count']} executions of {FFQN} "
         f"(submit batches of {r['batch_size']}, max_inflight {r['max_inflight']}, "
         f"exec batch {r['exec_batch_size']}, gc thresholds {tuple(r['gc_thresholds'])}, "
-        f"CPUs {','.join(map(str, r['cpus']))})"
+        f"CPUs {','.join(map(str, r['cpus']))}, cpu_affinity {r['cpu_affinity']})"
     )
     print(f"  end to end:  {r['elapsed_s']:.3f} s  ->  {r['executions_per_s']:,.0f} executions/s")
     print(

@@ -2,10 +2,12 @@
 
     .venv/bin/python -m bench.workflow_throughput [--only serial,many,fanout,replay,interrupt]
         [--steps 1000] [--workflows 100] [--per-workflow 10] [--children 1000]
-        [--interrupt-steps 10,50,100,200,500] [--repeat 1] [--data-dir DIR] [--json]
+        [--interrupt-steps 10,50,100,200,500] [--cpu-affinity split|off] [--repeat 1]
+        [--data-dir DIR] [--json]
 
 Every scenario gets a fresh data directory (SQLite WAL, synchronous=FULL) and a fresh
-engine with one deployment: the WAT activity `testing:fixtures/activity.add(a, b)` (from
+engine (`cpu_affinity="split"` unless `--cpu-affinity off`: `engine.affinity`) with one
+deployment: the WAT activity `testing:fixtures/activity.add(a, b)` (from
 `tests.fixtures.components`, cheap: the work is the engine's) and JS workflows
 
 * `bench:wf/workflows.serial(n)` — `n` sequential direct calls `add(acc, 1)` → `n`;
@@ -53,6 +55,8 @@ ACTIVITY_IFC = "testing:fixtures/activity"
 SERIAL = "bench:wf/workflows.serial"
 FANOUT = "bench:wf/workflows.fanout"
 SERIAL_INTERRUPT = "bench:wf/workflows-interrupt.serial"
+#: `Engine.start(cpu_affinity=...)` of every engine of the run (`--cpu-affinity`).
+CPU_AFFINITY: Any = "split"
 
 SERIAL_JS = f"""
 import {{ add }} from "{ACTIVITY_IFC}";
@@ -147,7 +151,7 @@ async def _measured(
 
     deployment = write_deployment(data_dir)
     t_start = time.perf_counter()
-    engine = await Engine.start(deployment, data_dir / "data")
+    engine = await Engine.start(deployment, data_dir / "data", cpu_affinity=CPU_AFFINITY)
     startup = time.perf_counter() - t_start
     try:
         # Warm-up (not measured): first instantiations, first commits.
@@ -247,7 +251,9 @@ async def _child_first(data_dir: Path, steps: int) -> None:
     """Child process 1: start, submit, report the id; the parent kills us."""
     from engine.engine import Engine
 
-    engine = await Engine.start(data_dir / "deployment.toml", data_dir / "data")
+    engine = await Engine.start(
+        data_dir / "deployment.toml", data_dir / "data", cpu_affinity=CPU_AFFINITY
+    )
     eid = await engine.submit(SERIAL, [steps])
     print(json.dumps({"execution_id": eid}), flush=True)
     await asyncio.sleep(3600)
@@ -259,7 +265,9 @@ async def _child_restart(data_dir: Path, execution_id: str) -> None:
     from engine.engine import Engine
 
     t0 = time.perf_counter()
-    engine = await Engine.start(data_dir / "deployment.toml", data_dir / "data")
+    engine = await Engine.start(
+        data_dir / "deployment.toml", data_dir / "data", cpu_affinity=CPU_AFFINITY
+    )
     t_started = time.perf_counter()
     result = await engine.result(execution_id, 600)
     t_done = time.perf_counter()
@@ -324,6 +332,7 @@ def replay(data_dir: Path, steps: int, kill_at: int, lock_expiry_ms: int) -> dic
     write_deployment(data_dir, lock_expiry_ms=lock_expiry_ms)
     db = data_dir / "data" / "obelisk.sqlite"
     cmd = [sys.executable, "-m", "bench.workflow_throughput", "--data-dir", str(data_dir)]
+    cmd += ["--cpu-affinity", CPU_AFFINITY]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cwd = Path(__file__).resolve().parents[1]
     first = subprocess.Popen(
@@ -427,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
         default=1000,
         help="replay: the workflow's exec.lock_expiry (1000)",
     )
+    p.add_argument(
+        "--cpu-affinity",
+        choices=["off", "split"],
+        default="split",
+        help="the engines' thread placement (engine.affinity; default split)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="run each scenario this many times")
     p.add_argument("--data-dir", type=Path, help="parent of the data dirs (default: temp)")
     p.add_argument("--json", action="store_true")
@@ -434,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--_child-restart", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    global CPU_AFFINITY
+    CPU_AFFINITY = args.cpu_affinity
 
     if args._child_first is not None:
         asyncio.run(_child_first(args.data_dir, args._child_first))
@@ -443,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     only = set(args.only.split(","))
-    results: dict[str, Any] = {"machine": machine()}
+    results: dict[str, Any] = {"machine": {**machine(), "cpu_affinity": CPU_AFFINITY}}
     if not args.json:
         print(json.dumps(results["machine"]))
     for _ in range(args.repeat):

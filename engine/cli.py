@@ -214,6 +214,7 @@ def cmd_server_run(args: argparse.Namespace) -> int:
         args.allow_unauthenticated_api,
         database_url=args.database_url,
         config=args.config,
+        cpu_affinity=args.cpu_affinity,
     )
 
 
@@ -450,6 +451,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", metavar="FILE",
                      help="server config TOML ([database.postgres] host, port, user, "
                           "password or password_env, dbname, schema)")
+    run.add_argument("--cpu-affinity", choices=["split", "off"], default="split",
+                     help="split (default): the threads that take turns on the GIL on one "
+                          "CPU, the SQLite writer and activity runs on the others; off: "
+                          "leave placement to the OS")
     run.set_defaults(handler=cmd_server_run)
 
     # execution

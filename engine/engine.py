@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from engine import affinity
 from engine.components import LoadedComponent, Registry, load_registry
 from engine.core import events as ev
 from engine.core.clock import Clock, SystemClock
@@ -49,9 +50,18 @@ class Engine:
         self.wasm_engine = wasm_engine
         self.deployment_id = new_deployment_id()
         # Activity runs: few threads while runs are short, up to 64 when they block.
-        self.threads = RunPool(max_workers=64, thread_name_prefix="obelisk-run")
+        self.threads = RunPool(
+            max_workers=64,
+            thread_name_prefix="obelisk-run",
+            initializer=lambda: affinity.pin("free"),
+        )
         # Workflow runs block their thread while awaiting children (strategy `await`).
-        self.workflow_threads = ThreadPoolExecutor(max_workers=256, thread_name_prefix="obelisk-wf")
+        self.workflow_threads = ThreadPoolExecutor(
+            max_workers=256,
+            thread_name_prefix="obelisk-wf",
+            initializer=lambda: affinity.pin("turns"),
+        )
+        self._split_threads = False
         self.executors: list[BaseExecutor] = []
         self.watcher = TimersWatcher(storage, clock)
         self.run_executors = True
@@ -71,6 +81,7 @@ class Engine:
         run_watcher: bool = True,
         watch: bool = True,
         database_url: str | None = None,
+        cpu_affinity: affinity.Mode = "off",
     ) -> Engine:
         """Load the deployment, open the database, start executors and the watcher.
 
@@ -79,8 +90,10 @@ class Engine:
         several engines on several hosts may share (`engine.storage.postgres`).
 
         With `watch`, the deployment TOML and its component files are watched and
-        reloaded on change (`engine.reload`). Raises DeploymentError / StorageError with
-        a message naming the culprit; nothing is started when anything fails.
+        reloaded on change (`engine.reload`). `cpu_affinity="split"` places this
+        process's threads (`engine.affinity`: process-wide, for the process's owner).
+        Raises DeploymentError / StorageError with a message naming the culprit; nothing
+        is started when anything fails.
         """
         from engine.workers.wasm_activity import WasmEngine
 
@@ -88,13 +101,20 @@ class Engine:
         deployment = load_deployment(deployment_path)
         wasm_engine = WasmEngine()
         registry = await load_registry(deployment, wasm_engine, data / "cache")
+        # After compiling (its threads keep every CPU), before the storage's writer.
+        split = affinity.configure(cpu_affinity)
         storage: Storage
-        if database_url:
-            from engine.storage.postgres import PostgresStorage
+        try:
+            if database_url:
+                from engine.storage.postgres import PostgresStorage
 
-            storage = await PostgresStorage.open(database_url)
-        else:
-            storage = await SqliteStorage.open(data / "obelisk.sqlite")
+                storage = await PostgresStorage.open(database_url)
+            else:
+                storage = await SqliteStorage.open(data / "obelisk.sqlite")
+        except BaseException:
+            if split:
+                affinity.configure("off")
+            raise
         try:
             # Kept by digest: backtraces show their lines even after the file changed.
             from engine.workflow.backtraces import save_component_sources, source_saver
@@ -102,8 +122,11 @@ class Engine:
             await save_component_sources(storage, registry)
         except BaseException:
             await storage.close()
+            if split:
+                affinity.configure("off")
             raise
         engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine)
+        engine._split_threads = split
         engine.reloader.add_listener(source_saver(engine))  # and after each reload
         engine.run_executors = run_executors
         if run_executors:
@@ -166,6 +189,8 @@ class Engine:
         await self.storage.close()
         self.threads.shutdown(wait=False, cancel_futures=True)
         self.workflow_threads.shutdown(wait=False, cancel_futures=True)
+        if self._split_threads:
+            affinity.configure("off")
 
     # -- components ----------------------------------------------------------------------
     @property

@@ -23,6 +23,7 @@ from typing import TextIO
 
 from aiohttp import web
 
+from engine import affinity
 from engine.engine import Engine
 from engine.errors import DeploymentError, StorageError
 from engine.gc_tuning import tune_gc
@@ -95,13 +96,16 @@ async def start_server(
     port: int,
     token: str | None,
     database_url: str | None = None,
+    cpu_affinity: affinity.Mode = "off",
 ) -> RunningServer:
     """Start the engine, then the API on host:port (port 0: any free port).
 
     Raises DeploymentError / StorageError from the engine, OSError when the address
     cannot be bound (the engine is stopped again then).
     """
-    engine = await Engine.start(deployment, data_dir, database_url=database_url)
+    engine = await Engine.start(
+        deployment, data_dir, database_url=database_url, cpu_affinity=cpu_affinity
+    )
     runner = web.AppRunner(make_app(engine, token), handler_cancellation=True, access_log=None)
     try:
         await runner.setup()
@@ -140,11 +144,14 @@ async def _serve(
     token: str | None,
     out: TextIO,
     database: DatabaseChoice,
+    cpu_affinity: affinity.Mode,
 ) -> int:
     print(f"Starting the engine: {deployment} (the first start compiles components)…",
           file=out, flush=True)
     try:
-        server = await start_server(deployment, data_dir, host, port, token, database.url)
+        server = await start_server(
+            deployment, data_dir, host, port, token, database.url, cpu_affinity
+        )
     except (DeploymentError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -185,8 +192,10 @@ def run_server(
     config: str | os.PathLike[str] | None = None,
     environ: dict[str, str] | None = None,
     out: TextIO | None = None,
+    cpu_affinity: affinity.Mode = "split",
 ) -> int:
-    """Run until SIGINT/SIGTERM; returns the process exit code."""
+    """Run until SIGINT/SIGTERM; returns the process exit code. The process is the
+    server's: its threads are placed (`engine.affinity`) unless `cpu_affinity="off"`."""
     out = out or sys.stdout
     env = os.environ if environ is None else environ
     try:
@@ -221,7 +230,7 @@ def run_server(
     try:
         tune_gc()  # this process is the server's: fewer collector passes
         return asyncio.run(
-            _serve(Path(deployment), Path(data_dir), host, port, token, out, database)
+            _serve(Path(deployment), Path(data_dir), host, port, token, out, database, cpu_affinity)
         )
     except KeyboardInterrupt:  # a signal before the handlers were installed
         print("interrupted during start-up", file=sys.stderr)

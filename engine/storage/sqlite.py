@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import aiosqlite
 import msgspec
 
+from engine import affinity
 from engine.core import events as ev
 from engine.core.ids import DelayId, ExecutionId
 from engine.core.state import (
@@ -391,6 +392,7 @@ class _Writer:
         return self._queue.get()
 
     def _main(self) -> None:
+        affinity.pin("writer")
         try:
             self.conn = sqlite3.connect(
                 str(self.path),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -29,6 +30,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
+
+log = logging.getLogger("obelisk.pool")
 
 T = TypeVar("T")
 
@@ -90,6 +93,7 @@ class RunPool(Executor):
         stall: float = 0.01,
         idle_timeout: float = 10.0,
         thread_name_prefix: str = "pool",
+        initializer: Callable[[], None] | None = None,
     ) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be at least 1")
@@ -99,6 +103,7 @@ class RunPool(Executor):
         self.stall = stall
         self.idle_timeout = idle_timeout
         self.prefix = thread_name_prefix
+        self.initializer = initializer  # called first on every new thread
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
@@ -165,6 +170,11 @@ class RunPool(Executor):
         ).start()
 
     def _work(self, core: bool) -> None:
+        if self.initializer is not None:
+            try:
+                self.initializer()
+            except Exception:  # a placement hint: never a reason to lose a worker
+                log.exception("pool thread initializer failed")
         get = self._queue.get
         timeout = None if core else self.idle_timeout
         while True:

@@ -319,6 +319,9 @@ def test_usage_errors(cli: Cli) -> None:
     assert "missing command" in cli.fails(2)
     assert "missing command" in cli.fails(2, "execution")
     assert "required" in cli.fails(2, "server", "run")
+    assert "invalid choice: 'both'" in cli.fails(
+        2, "server", "run", "--deployment", "d.toml", "--cpu-affinity", "both"
+    )
 
 
 def test_help(cli: Cli) -> None:
@@ -456,6 +459,9 @@ def test_server_run_generates_and_prints_token(tmp_path: Path) -> None:
     except BaseException:
         server.proc.kill()
         raise
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) >= 2:  # --cpu-affinity split by default: the loop's thread on one CPU
+        assert os.sched_getaffinity(server.proc.pid) == {min(cpus)}
     url = f"http://127.0.0.1:{port}"
     assert len(token) >= 32
     assert [c["name"] for c in ApiClient(url, token).components()]

@@ -1,0 +1,89 @@
+"""Where the engine's threads run (`cpu_affinity`): "off" (the OS decides) or "split".
+
+CPython's threads take turns on one GIL. The engine's busy ones — the event loop, the
+workflow runs (the QuickJS interpreter keeps the GIL) and the SQLite writer — hand it to
+each other several times per workflow step, and on two cores every hand-off is a
+cross-core wake-up: more CPU burnt on waking than on the work itself when a hundred
+workflow runs take turns. "split" keeps the threads that only take turns (the loop, the
+workflow runs and what they start) on the first allowed CPU and the SQLite writer, which
+also waits for the disk, on the last one; activity runs may use every allowed CPU (a
+WASM activity computes without the GIL). Measured in `docs/benchmarks.md`: on 2 vCPUs,
+100 workflows × 10 calls ~+20 %, one workflow's 1,000 sequential calls ~+10 %.
+
+The setting is process-wide (CPU affinity belongs to threads, and new threads inherit
+their creator's), so it is for whoever owns the process: `obelisk server run` splits by
+default; an embedding application opts in with `Engine.start(cpu_affinity="split")`.
+Linux only (`os.sched_setaffinity`); elsewhere, or with fewer than two allowed CPUs, it
+does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Literal
+
+log = logging.getLogger("obelisk.affinity")
+
+Mode = Literal["off", "split"]
+Role = Literal["turns", "writer", "free"]
+MODES: tuple[Mode, ...] = ("off", "split")
+
+_lock = threading.Lock()
+_cpus: dict[Role, set[int]] = {}
+#: The CPUs the process had before the first split (what "off" gives back).
+_original: set[int] | None = None
+
+
+def configure(mode: Mode) -> bool:
+    """Set the mode for threads started from now on and place the calling thread (the
+    event loop's); True when threads are being placed. "off" after "split" gives the
+    calling thread its CPUs back (threads started meanwhile keep their places)."""
+    global _original
+    if mode not in MODES:
+        raise ValueError(f"cpu_affinity must be one of {', '.join(MODES)}, not {mode!r}")
+    with _lock:
+        allowed = _original if _original is not None else _allowed()
+        _cpus.clear()
+        if mode == "off" or allowed is None or len(allowed) < 2:
+            if _original is not None:
+                _set(_original)
+            return False
+        _original = allowed
+        ordered = sorted(allowed)
+        _cpus["turns"], _cpus["writer"] = {ordered[0]}, {ordered[-1]}
+        _cpus["free"] = set(ordered[1:])
+    pin("turns")
+    log.info("threads split over CPUs: %s", {role: sorted(c) for role, c in _cpus.items()})
+    return True
+
+
+def pin(role: Role) -> None:
+    """Place the calling thread for `role` (a no-op unless configured)."""
+    cpus = _cpus.get(role)
+    if cpus is not None:
+        _set(cpus)
+
+
+def _set(cpus: set[int]) -> None:
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:  # e.g. a CPU taken away by a cgroup meanwhile: not fatal
+        log.debug("cannot place a thread on CPUs %s: %s", sorted(cpus), e)
+
+
+def cpus_of(role: Role) -> set[int] | None:
+    """The CPUs of `role` threads (None: not placed)."""
+    found = _cpus.get(role)
+    return None if found is None else set(found)
+
+
+def _allowed() -> set[int] | None:
+    getter = getattr(os, "sched_getaffinity", None)
+    if getter is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        return set(getter(0))
+    except OSError:
+        return None
