@@ -503,23 +503,50 @@ def interleave_stored(
 ) -> list[tuple[datetime, ev.Event | ev.Response, int | None]]:
     """A log and its responses in write order: (time, item, version — None for a response).
 
-    Responses written in the same transaction as an event share its timestamp; they are
-    placed after the requests and before the `join_next` of that transaction, which is
-    the order the engine writes them in.
+    Transactions of one execution have increasing timestamps, and everything a
+    transaction writes shares its timestamp. The only responses written by the
+    transaction of the execution's own events are the answers of delays already due when
+    requested (clock reads, `sleep(0)`): each is placed right after its request, which is
+    where the writer adds it — after a `join_next` buffered before that request, too.
+    Any other response at an event's time goes after the events before the first
+    `join_next` of that transaction.
     """
+    events = list(events)
     pending = sorted(responses, key=lambda r: r.cursor)
+    requested_at: dict[str, tuple[datetime, int]] = {}
+    for stored in events:
+        e = stored.event
+        if (
+            isinstance(e, ev.HistoryEvent)
+            and isinstance(e.event, ev.JoinSetRequest)
+            and isinstance(e.event.request, ev.DelayRequest)
+        ):
+            requested_at[e.event.request.delay_id] = (stored.created_at, stored.version)
+    answers: dict[int, list[ev.StoredResponse]] = {}  # by the version of the request
+    others: list[ev.StoredResponse] = []
+    for r in pending:
+        request = (
+            requested_at.get(r.response.delay_id)
+            if isinstance(r.response, ev.DelayFinished)
+            else None
+        )
+        if request is not None and request[0] == r.created_at:
+            answers.setdefault(request[1], []).append(r)
+        else:
+            others.append(r)
     items: list[tuple[datetime, ev.Event | ev.Response, int | None]] = []
     i = 0
     for stored in events:
         is_join_next = isinstance(stored.event, ev.HistoryEvent) and isinstance(
             stored.event.event, ev.JoinNext
         )
-        while i < len(pending) and (
-            pending[i].created_at < stored.created_at
-            or (is_join_next and pending[i].created_at == stored.created_at)
+        while i < len(others) and (
+            others[i].created_at < stored.created_at
+            or (is_join_next and others[i].created_at == stored.created_at)
         ):
-            items.append((pending[i].created_at, pending[i].response, None))
+            items.append((others[i].created_at, others[i].response, None))
             i += 1
         items.append((stored.created_at, stored.event, stored.version))
-    items.extend((r.created_at, r.response, None) for r in pending[i:])
+        items.extend((r.created_at, r.response, None) for r in answers.get(stored.version, ()))
+    items.extend((r.created_at, r.response, None) for r in others[i:])
     return items

@@ -31,6 +31,7 @@ from engine.core.state import (
     apply_event,
     apply_response,
     created_summary,
+    interleave_stored,
     is_done_one_off,
     on_lock_expired,
     on_temporary_failure,
@@ -39,6 +40,7 @@ from engine.core.state import (
     ranges_contain,
     ranges_remove,
     replay,
+    replay_stored,
     retry_backoff,
     state_name,
 )
@@ -440,6 +442,39 @@ def test_seed_workflow_example() -> None:
     log.e(OK, 12)  # v7
     assert log.state == Finished(7, at(12), "ok")
     assert log.s.next_version == 8
+
+
+def _stored(
+    items: list[tuple[datetime, ev.Event | ev.Response]],
+) -> tuple[list[ev.StoredEvent], list[ev.StoredResponse]]:
+    """What the storage returns for `items`: events by version, responses by cursor."""
+    events: list[ev.StoredEvent] = []
+    responses: list[ev.StoredResponse] = []
+    for t, item in items:
+        if isinstance(item, ev.ChildExecutionFinished | ev.DelayFinished):
+            responses.append(ev.StoredResponse(len(responses) + 1, t, item))
+        else:
+            events.append(ev.StoredEvent(len(events), t, item))  # type: ignore[arg-type]
+    return events, responses
+
+
+def test_a_due_delay_answered_after_a_buffered_join_next_is_read_back_in_write_order() -> None:
+    """One transaction (one timestamp): a `join_next` answered by a response that arrived
+    earlier (buffered), then a delay already due, answered by the same transaction."""
+    log = Log(WF)
+    log.e(lock(component=WF, expires=30), 1)
+    log.e(create("g:1"), 1)
+    log.e(submit("g:1"), 1)
+    log.r(child_done("g:1", 1), 2)
+    log.e(join_next("g:1"), 3)  # the child's response is there: does not block
+    log.e(submit_delay("g:1", 2, expires=3), 3)  # due at once: answered right here
+    log.r(delay_done("g:1", 2), 3)
+    log.e(join_next("g:1", closing=True), 3)
+    log.e(OK, 4)
+    events, responses = _stored(log.items)
+    order = [item for _, item, _ in interleave_stored(events, responses)]
+    assert order == [item for _, item in log.items]
+    assert replay_stored(events, responses) == log.s
 
 
 def test_seed_activity_with_retries_example() -> None:
