@@ -55,7 +55,7 @@ def configure(mode: Mode) -> bool:
         _cpus["turns"], _cpus["writer"] = {ordered[0]}, {ordered[-1]}
         _cpus["free"] = set(ordered[1:])
     pin("turns")
-    log.info("threads split over CPUs: %s", {role: sorted(c) for role, c in _cpus.items()})
+    log.debug("threads split over CPUs: %s", {role: sorted(c) for role, c in _cpus.items()})
     return True
 
 
