@@ -319,11 +319,16 @@ def _finished_children(db: Path, execution_id: str) -> int:
 
 
 def _last_lock_expiry_us(db: Path) -> int | None:
-    """The latest lock expiry of any execution (the workflow's, a locked child's)."""
+    """The latest lock expiry of any execution (a locked workflow's or child's), or the
+    latest due time of a pending one: a warm run that a response unblocked keeps the
+    workflow pending until that run's lock would have expired."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     try:
-        (at,) = conn.execute("SELECT max(lock_expires_at) FROM executions").fetchone()
-        return None if at is None else int(at)
+        (at,) = conn.execute(
+            "SELECT max(max(coalesce(lock_expires_at, 0)), max(coalesce(pending_at, 0))) "
+            "FROM executions"
+        ).fetchone()
+        return None if not at else int(at)
     finally:
         conn.close()
 
@@ -353,9 +358,10 @@ def replay(data_dir: Path, steps: int, kill_at: int, lock_expiry_ms: int) -> dic
             first.kill()
     done_at_kill = _finished_children(db, execution_id)
     # The dead run (and a child activity it was running) holds its lock until it
-    # expires, then the watcher (500 ms later at most) makes it pending again: start the
-    # new process after that, so that what is measured is start-up and replay, not the
-    # lock expiry.
+    # expires, then the watcher (500 ms later at most) makes it pending again; a run a
+    # response unblocked leaves the workflow pending until that time. Start the new
+    # process after that, so that what is measured is start-up and replay, not the lock
+    # expiry.
     expires = _last_lock_expiry_us(db)
     if expires is not None:
         time.sleep(max(0.0, expires / 1e6 - time.time()) + 0.6)
