@@ -933,18 +933,20 @@ export default function (n) {
 def test_fast_paths_are_active_and_equivalent(
     monkeypatch: pytest.MonkeyPatch, accelerate: bool, snapshot: bool
 ) -> None:
-    seen: list[tuple[bool, bool]] = []
+    seen: list[tuple[bool, bool, bool]] = []
     original_open = js_runtime._Run.open
 
-    def spy(self: js_runtime._Run) -> None:
-        original_open(self)
-        seen.append((self.accelerated, self.from_snapshot))
+    def spy(self: js_runtime._Run, **kwargs: Any) -> None:
+        original_open(self, **kwargs)
+        if self.execution_id:  # not the load that takes the runner's module image
+            seen.append((self.accelerated, self.from_snapshot, self.module_loaded))
 
     monkeypatch.setattr(js_runtime._Run, "open", spy)
     monkeypatch.setattr(js_runtime, "ACCELERATE", accelerate)
     monkeypatch.setattr(js_runtime, "USE_SNAPSHOT", snapshot)
     outcome, host = run_js(EQUIVALENCE, [5])
-    assert seen == [(accelerate, snapshot)] * 2  # check() and run()
+    # check() loads the module; run() starts from the runner's module image if it may.
+    assert seen == [(accelerate, snapshot, False), (accelerate, snapshot, snapshot)]
     assert isinstance(outcome, WfOk)
     value = outcome.value
     assert value[:4] == [10, "failed 1", 2**60, START_MS + 1]  # wide ints cross as BigInt
