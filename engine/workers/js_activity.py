@@ -77,6 +77,7 @@ them (its own `memory_limit` is not enforced by this WASM build). The tests cove
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import functools
@@ -86,6 +87,7 @@ import re
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -521,13 +523,25 @@ class _ThreadLoop:
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
-    def __del__(self) -> None:
+    def close(self) -> None:
         with contextlib.suppress(Exception):
-            if not self.loop.is_closed():
+            if not self.loop.is_closed() and not self.loop.is_running():
                 self.loop.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 _thread_loops = threading.local()
+#: Every live one: closed at exit, before the interpreter tears objects down in any order
+#: (a loop finalised after its self-pipe's socket prints a traceback).
+_all_thread_loops: weakref.WeakSet[_ThreadLoop] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_thread_loops() -> None:
+    for own in list(_all_thread_loops):
+        own.close()
 
 
 def _run_coroutine(factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
@@ -540,6 +554,7 @@ def _run_coroutine(factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
         own: _ThreadLoop | None = getattr(_thread_loops, "loop", None)
         if own is None or own.loop.is_closed():
             own = _thread_loops.loop = _ThreadLoop()
+            _all_thread_loops.add(own)
         return own.run(factory)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(lambda: _run_coroutine(factory)).result()
