@@ -40,6 +40,12 @@ class RowList(ScrollView, can_focus=True):
         Binding("home,g", "first", "First", show=False),
         Binding("end,G", "last", "Last", show=False),
         Binding("enter", "activate", "Open", show=False),
+        # No horizontal scrolling here (overflow-x: hidden): the keys ScrollView gives it
+        # stay bound as before but out of the help panel.
+        Binding("left", "scroll_left", "Scroll left", show=False, system=True),
+        Binding("right", "scroll_right", "Scroll right", show=False, system=True),
+        Binding("ctrl+pageup", "page_left", "Page left", show=False, system=True),
+        Binding("ctrl+pagedown", "page_right", "Page right", show=False, system=True),
     ]
 
     COMPONENT_CLASSES = {"row-list--cursor", "row-list--header", "row-list--placeholder"}

@@ -405,6 +405,8 @@ async def test_help_and_quit(console_engine: Engine) -> None:
         await pilot.press("question_mark")
         await until(pilot, lambda: bool(app.screen.query("HelpPanel")), what="the help panel")
         assert "Pause" in screen_text(app) and "Filter" in screen_text(app)
+        # The lists do not scroll sideways: their inherited keys are not listed.
+        assert "Scroll Left" not in screen_text(app) and "Page Right" not in screen_text(app)
         await pilot.press("question_mark")
         await until(pilot, lambda: not app.screen.query("HelpPanel"), what="help closed")
         await pilot.press("q")
