@@ -6,9 +6,10 @@ each other several times per workflow step, and on two cores every hand-off is a
 cross-core wake-up: more CPU burnt on waking than on the work itself when a hundred
 workflow runs take turns. "split" keeps the threads that only take turns (the loop, the
 workflow runs and what they start) on the first allowed CPU and the SQLite writer, which
-also waits for the disk, on the last one; activity runs may use every allowed CPU (a
-WASM activity computes without the GIL). Measured in `docs/benchmarks.md`: on 2 vCPUs,
-100 workflows × 10 calls ~+20 %, one workflow's 1,000 sequential calls ~+10 %.
+also waits for the disk, on the last one; activity runs use every allowed CPU but the
+first (a WASM activity computes without the GIL). Measured in `docs/benchmarks.md`: on 2
+vCPUs, activities ~+30 %, 100 workflows × 10 calls ~+20 %, one workflow's 1,000
+sequential calls ~−5 % (its child's run now shares the writer's core).
 
 The setting is process-wide (CPU affinity belongs to threads, and new threads inherit
 their creator's), so it is for whoever owns the process: `obelisk server run` splits by

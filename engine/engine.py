@@ -111,18 +111,16 @@ class Engine:
                 storage = await PostgresStorage.open(database_url)
             else:
                 storage = await SqliteStorage.open(data / "obelisk.sqlite")
-        except BaseException:
-            if split:
-                affinity.configure("off")
-            raise
-        try:
-            # Kept by digest: backtraces show their lines even after the file changed.
-            from engine.workflow.backtraces import save_component_sources, source_saver
+            try:
+                # Kept by digest: backtraces show their lines even after the file changed.
+                from engine.workflow.backtraces import save_component_sources, source_saver
 
-            await save_component_sources(storage, registry)
+                await save_component_sources(storage, registry)
+            except BaseException:
+                await storage.close()
+                raise
         except BaseException:
-            await storage.close()
-            if split:
+            if split:  # nothing started: the caller's thread gets its CPUs back
                 affinity.configure("off")
             raise
         engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine)

@@ -84,8 +84,6 @@ class Notes:
     response_items: list[tuple[str, ev.StoredResponse]] = field(default_factory=list)
     #: Creations with a direct lock: what the executor gets (None: not locked).
     direct: list[tuple[DirectLock, LockedExecution | None]] = field(default_factory=list)
-    #: Whether `direct` went to the executors already (SQLite: before the COMMIT).
-    direct_handed: bool = False
     #: FFQNs with executions that became pending but are due only later: seconds from
     #: the transaction's `now` to the earliest (executors are woken then, not now).
     pending_later: dict[str, float] = field(default_factory=dict)
@@ -125,7 +123,7 @@ def direct_locked(
 
 
 def announce_direct(notes: Notes) -> None:
-    """Hand directly locked executions to their executors (after the commit)."""
+    """Hand directly locked executions to their executors (once their creation is written)."""
     for lock, execution in notes.direct:
         try:
             lock.taken(execution)

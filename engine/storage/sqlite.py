@@ -504,11 +504,6 @@ class _Writer:
             for tx, (ok, value, _) in zip(batch, outcomes, strict=True):
                 if tx.reply is not None:
                     tx.reply.set(ok, value)  # whatever happened: nobody waits forever
-            # Directly locked executions to their executors from here, not after a hop
-            # through the loop: their runs start on worker threads at once.
-            for ok, _, notes in outcomes:
-                if ok and notes.direct and not notes.direct_handed:
-                    announce_direct(notes)
             self._deliver_later(batch, outcomes, wrote, committed)
 
 
@@ -1264,7 +1259,17 @@ def _run_batch(
     outcomes = _run_batch_plain(conn, batch, early)
     if outcomes is not None:
         return outcomes, early is not None and early.complete
-    return _run_batch_savepoints(conn, batch), False
+    outcomes = _run_batch_savepoints(conn, batch)
+    _hand_over_direct(outcomes)  # committed (a second hand-over of a lock is a no-op)
+    return outcomes, False
+
+
+def _hand_over_direct(outcomes: list[tuple[bool, Any, _Notes]]) -> None:
+    """Directly locked executions to their executors from the writer's thread, not
+    after a hop through the loop: their runs start on worker threads at once."""
+    for ok, _, notes in outcomes:
+        if ok and notes.direct:
+            announce_direct(notes)
 
 
 def _run_batch_plain(
@@ -1291,10 +1296,7 @@ def _run_batch_plain(
     # that creates them. Should that COMMIT fail, the savepoint retry writes the same
     # locks again (a second hand-over is a no-op) or the runs' outcomes find no such
     # execution and are dropped: an activity may run once more, never be lost.
-    for _, _, notes in outcomes:
-        if notes.direct:
-            announce_direct(notes)
-            notes.direct_handed = True
+    _hand_over_direct(outcomes)
     try:
         conn.execute("COMMIT")
     except sqlite3.Error:

@@ -43,23 +43,39 @@ class HeapImage:
     stack_pointer: int
     #: (offset, bytes) of every page to write, in address order.
     pages: tuple[tuple[int, bytes], ...]
+    #: Offsets of the pages a fresh sandbox has written (shared by the images restored
+    #: into the same kind of sandbox: `capture_more`).
+    fresh_pages: frozenset[int]
 
     @classmethod
     def capture(cls, inst: Any, fresh: bytes) -> HeapImage:
         """The heap of `inst` as it is now; `fresh` is `memory_of` a new sandbox, set up
         as the ones this image will be restored into, taken before it ran anything."""
+        fresh_pages = frozenset(
+            offset
+            for offset in range(0, len(fresh), PAGE)
+            if _nonzero(fresh[offset : offset + PAGE])
+        )
+        return cls._capture(inst, fresh_pages)
+
+    def capture_more(self, inst: Any) -> HeapImage:
+        """The heap of `inst` now, for the same kind of sandbox as this image's."""
+        return self._capture(inst, self.fresh_pages)
+
+    @classmethod
+    def _capture(cls, inst: Any, fresh_pages: frozenset[int]) -> HeapImage:
         snapshot = inst.snapshot()
         header = qjs_engine._SNAP_HEADER
         _magic, _format, build_id, size, sp = header.unpack_from(snapshot, 0)
         image = memoryview(snapshot)[header.size :]
-        if len(image) != size or len(fresh) > size:
-            raise ValueError(f"heap image of {len(image)} bytes, fresh memory {len(fresh)}")
+        if len(image) != size or any(offset >= size for offset in fresh_pages):
+            raise ValueError(f"heap image of {len(image)} bytes, smaller than a fresh sandbox")
         pages = []
         for offset in range(0, size, PAGE):
             page = bytes(image[offset : offset + PAGE])
-            if _nonzero(page) or _nonzero(fresh[offset : offset + PAGE]):
+            if offset in fresh_pages or _nonzero(page):
                 pages.append((offset, page))
-        return cls(build_id, size, sp, tuple(pages))
+        return cls(build_id, size, sp, tuple(pages), fresh_pages)
 
     @property
     def written_bytes(self) -> int:

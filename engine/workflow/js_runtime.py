@@ -1173,8 +1173,6 @@ class _Run:
         self.module_loaded = False
         #: Host calls made so far (a module image needs a load that made none).
         self.dispatched = 0
-        #: Set by `open(capture_fresh=True)`: the sandbox's memory before anything ran.
-        self.fresh_memory: bytes | None = None
         self._ops: dict[str, Callable[[list[Any]], Any]] = {
             "log": self._op_log,
             "now": lambda _a: self._host().now_ms(),
@@ -1196,7 +1194,7 @@ class _Run:
 
     # -- sandbox --
 
-    def open(self, *, init: bool = True, capture_fresh: bool = False) -> None:
+    def open(self, *, init: bool = True) -> None:
         runner = self.runner
         self.rt = Runtime(memory_limit=runner.memory_limit)
         self.rt.set_module_loader(normalize=self._normalize, load=self._load)
@@ -1206,8 +1204,6 @@ class _Run:
         inst: Any = self.ctx._engine_ctx._inst
         inst.store.set_limits(memory_size=runner.memory_limit)
         self.accelerated = ACCELERATE and _fast_guest_calls(inst) and self._fast_host_call(inst)
-        if capture_fresh:
-            self.fresh_memory = memory_of(inst)
         image = None
         if USE_SNAPSHOT:
             image = self.module_image or _prelude_image(runner.memory_limit, inst)
@@ -1701,22 +1697,23 @@ class JsWorkflowRunner:
         template = _Run(self, None, interfaces, "", self.load_timeout)
 
         async def load() -> None:
-            template.open(init=False, capture_fresh=True)
+            template.open(init=False)
             await template.load_module()
 
         try:
             _run_coroutine(load)
+            # Restored from the prelude's image, so the one that knows a fresh sandbox.
+            prelude = _prelude_images.get(self.memory_limit) if template.from_snapshot else None
             if (
-                template.dispatched
+                prelude is None
+                or template.dispatched
                 or template.stopping
                 or template.unresolved
-                or not template.from_snapshot
-                or template.fresh_memory is None
                 or template.ctx.eval("__obelisk_pre_init_reads()") != 0
                 or template.export_kind(self.export)[0] != "function"
             ):
                 return None
-            return HeapImage.capture(template.ctx._engine_ctx._inst, template.fresh_memory)
+            return prelude.capture_more(template.ctx._engine_ctx._inst)
         except Exception:  # the runs load the module themselves and report what fails
             log.debug("%s: no module heap image", self.filename, exc_info=True)
             return None
