@@ -243,10 +243,18 @@ class Storage(Protocol):
         events: Sequence[ev.Event],
         now: datetime,
         extras: AppendExtras | None = None,
+        inbox: ResponseInbox | None = None,
     ) -> ExecutionSummary:
         """`append` for a caller on a thread other than the event loop's (a workflow
         run on its worker thread): blocks that thread until the outcome. A backend may
-        skip the loop (SQLite: its writer thread answers the caller directly)."""
+        skip the loop (SQLite: its writer thread answers the caller directly).
+
+        `inbox`: the caller's, whose responses this write depends on. The write is
+        refused (`Conflict`) when one of them was not committed. A backend that orders
+        writes itself (SQLite's one writer) may take the write before those are
+        durable, and answer before the write itself is (noting it in the inbox): the
+        caller then waits for `inbox.wait_committed()` before it reads the database or
+        stops."""
 
     def append_then(
         self,

@@ -64,6 +64,11 @@ class Commits:
             self._closed = True
             self._cond.notify_all()
 
+    def failed(self, seq: int) -> bool:
+        """Whether transaction `seq` is settled as failed (no wait)."""
+        with self._cond:
+            return seq in self._failed
+
     def wait(self, seq: int) -> bool:
         """Whether transaction `seq` committed, waiting until it is settled."""
         with self._cond:
@@ -98,6 +103,15 @@ class ResponseInbox:
         with self._cond:
             self._items.extend((item, seq) for item in items)
             self._cond.notify_all()
+
+    @property
+    def uncommitted(self) -> int:
+        """The latest transaction the run computed with that may not be durable yet."""
+        return self._seq
+
+    def note_uncommitted(self, seq: int) -> None:
+        """The run's own write was answered before its COMMIT (owner thread only)."""
+        self._seq = max(self._seq, seq)
 
     def wait_committed(self) -> bool:
         """Whether every response taken so far is committed, waiting for those whose

@@ -830,7 +830,10 @@ class PostgresStorage:
         events: Sequence[ev.Event],
         now: datetime,
         extras: AppendExtras | None = None,
+        inbox: ResponseInbox | None = None,
     ) -> ExecutionSummary:
+        if inbox is not None and not inbox.wait_committed():
+            raise Conflict("a response the run was given was not committed")
         # asyncpg lives on the loop: the append runs there.
         coro = self.append(execution_id, expected_version, events, now, extras)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

@@ -194,16 +194,26 @@ class _ThreadReply:
     """The outcome of a logical transaction for a caller blocked on another thread: the
     writer hands it over directly (a lock released), without a hop through the loop."""
 
-    __slots__ = ("_done", "ok", "value")
+    __slots__ = ("_done", "early", "ok", "seq", "value")
 
-    def __init__(self) -> None:
+    def __init__(self, early: bool = False) -> None:
         self._done = threading.Lock()
         self._done.acquire()
         self.ok = False
         self.value: Any = None
+        #: Whether the caller takes a success before its COMMIT (`set_early`).
+        self.early = early
+        #: The `Commits` number of an early success (0: the outcome is final).
+        self.seq = 0
 
     def set(self, ok: bool, value: Any) -> None:
+        if self.seq:
+            return  # answered before the COMMIT already
         self.ok, self.value = ok, value
+        self._done.release()
+
+    def set_early(self, value: Any, seq: int) -> None:
+        self.ok, self.value, self.seq = True, value, seq
         self._done.release()
 
     def wait(self) -> Any:
@@ -237,6 +247,11 @@ class _Tx:
     events: int = 0
     #: ... or its reply (a caller on another thread).
     reply: _ThreadReply | _CallbackReply | None = None
+    #: The execution it appends to (lingering: has a directly locked child reported?).
+    execution_id: str | None = None
+    #: The `Commits` transaction whose early outcomes the caller computed with (0: none):
+    #: refused when that one failed.
+    depends_on: int = 0
 
 
 @dataclass(slots=True)
@@ -300,6 +315,9 @@ class _Writer:
         self.max_batch = max_batch
         self.conn: sqlite3.Connection | None = None
         self._queue: queue.SimpleQueue[_Tx | _Call | None] = queue.SimpleQueue()
+        #: What `_more` took from the queue but could not add to a transaction.
+        self._held: list[_Tx | _Call | None] = []
+        self._open_batch: list[_Tx] = []
         #: Serialises `put` against `stop`: nothing can be queued after the `None`.
         self._lock = threading.Lock()
         self._accepting = False
@@ -439,8 +457,15 @@ class _Writer:
     def _serve(self, conn: sqlite3.Connection) -> None:
         get_nowait = self._queue.get_nowait
         carry: _Tx | _Call | None = None
+        held = self._held
         while True:
-            item = carry if carry is not None else self._next()
+            item: _Tx | _Call | None
+            if carry is not None:
+                item = carry
+            elif held:
+                item = held.pop()
+            else:
+                item = self._next()
             carry = None
             if item is None:
                 if self._later:
@@ -474,16 +499,36 @@ class _Writer:
                     carry = nxt
                     break
                 batch.append(nxt)
-            self._commit(conn, batch)
+            self._commit(conn, batch, None if stop or carry is not None else self._more)
             if stop:
                 if self._later:
                     self._flush_later()
                 return
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[_Tx]) -> None:
-        posted = False
+    def _more(self, timeout: float) -> _Tx | None:
+        """A logical transaction to add to the open batch, waiting up to `timeout`
+        seconds; None when none came (what came instead is handled after it)."""
+        if self._held or len(self._open_batch) >= self.max_batch:
+            return None
         try:
-            outcomes, wrote, posted = _run_batch_counting(conn, batch, self.early)
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, _Tx):
+            return item
+        self._held.append(item)
+        return None
+
+    def _commit(
+        self,
+        conn: sqlite3.Connection,
+        batch: list[_Tx],
+        more: Callable[[float], _Tx | None] | None = None,
+    ) -> None:
+        posted = False
+        self._open_batch = batch
+        try:
+            outcomes, wrote, posted = _run_batch_counting(conn, batch, self.early, more)
             committed = True
         except Exception as e:  # the connection itself failed
             error = StorageError(f"database write failed: {e}")
@@ -688,15 +733,19 @@ class SqliteStorage:
         events: Sequence[ev.Event],
         now: datetime,
         extras: AppendExtras | None = None,
+        inbox: ResponseInbox | None = None,
     ) -> ExecutionSummary:
         fn = _append_fn(execution_id, expected_version, events, now, extras)
         writer = self._writer
         if self._closed or writer is None or not writer.running:
             raise StorageError("storage closed")
-        reply = _ThreadReply()
-        if not writer.put(_Tx(fn, None, len(events), reply)):
+        reply = _ThreadReply(early=inbox is not None)
+        depends_on = inbox.uncommitted if inbox is not None else 0
+        if not writer.put(_Tx(fn, None, len(events), reply, execution_id, depends_on)):
             raise StorageError("storage closed")
         summary: ExecutionSummary = reply.wait()
+        if reply.seq and inbox is not None:
+            inbox.note_uncommitted(reply.seq)
         return summary
 
     def append_then(
@@ -709,7 +758,7 @@ class SqliteStorage:
         callback: Callable[[bool, Any], None],
     ) -> None:
         fn = _append_fn(execution_id, expected_version, events, now, extras)
-        tx = _Tx(fn, None, len(events), _CallbackReply(callback))
+        tx = _Tx(fn, None, len(events), _CallbackReply(callback), execution_id)
         writer = self._writer
         if self._closed or writer is None or not writer.running or not writer.put(tx):
             callback(False, StorageError("storage closed"))
@@ -1198,53 +1247,79 @@ def _statements(script: str) -> list[str]:
 
 
 class _EarlyResponses:
-    """Posts a batch's responses to the waiting runs just before its COMMIT, so that a
-    workflow computes its next step while the writer waits for the fsync, instead of
-    after it. Safe because a run writes nothing before `ResponseInbox.wait_committed`
-    confirms the transaction (`Commits`); when the COMMIT fails, the runs that were given
-    its responses abort without writing (and are replayed from the database)."""
+    """Hands a batch's outcomes to runs on other threads just before its COMMIT, so that
+    a workflow computes its next step while the writer waits for the fsync, instead of
+    after it: responses to the waiting runs, and the summaries of the appends of callers
+    that take them early (`_ThreadReply.early`). Each physical transaction that handed
+    something over has a `Commits` number, settled once its COMMIT succeeded or failed.
+    Safe because a run depends on such a transaction only through the writer: its next
+    write (`_Tx.depends_on`) is refused when that transaction failed, and it reads or
+    finishes only after `ResponseInbox.wait_committed`."""
 
     def __init__(self, notifier: Notifier) -> None:
         self.notifier = notifier
         self.commits = notifier.commits
-        #: Whether the last `post` handed everything over (else: post again after the
+        #: The open physical transaction's `Commits` number (0: none yet).
+        self.seq = 0
+        #: Whether every response so far was handed over (else: post again after the
         #: COMMIT; a run ignores a response it has).
         self.complete = True
 
-    def post(self, outcomes: list[_Outcome]) -> int:
-        """Post; the `Commits` number to settle, 0 when there was nothing to post.
-        Never raises: the transaction is open and must be ended."""
-        grouped = [
-            group
-            for ok, _, notes in outcomes
-            if ok and notes.response_items
-            for group in _grouped_responses(notes).items()
-        ]
+    def number(self) -> int:
+        if not self.seq:
+            self.seq = self.commits.begin()
+        return self.seq
+
+    def began(self) -> None:
+        self.seq = 0
         self.complete = True
-        if not grouped:
-            return 0
-        seq = self.commits.begin()
+
+    def post(self, batch: Sequence[_Tx], outcomes: Sequence[_Outcome]) -> None:
+        """Hand over what these logical transactions (all written) have for other
+        threads. Never raises: the transaction is open and must be ended."""
         try:
-            for execution_id, items in grouped:
-                self.notifier.post_responses(execution_id, items, seq)
+            for tx, (ok, value, notes) in zip(batch, outcomes, strict=True):
+                if not ok:
+                    continue
+                if notes.response_items:
+                    seq = self.number()
+                    for execution_id, items in _grouped_responses(notes).items():
+                        self.notifier.post_responses(execution_id, items, seq)
+                reply = tx.reply
+                if isinstance(reply, _ThreadReply) and reply.early:
+                    reply.set_early(value, self.number())
         except Exception:  # a bug: the responses go out after the commit instead
             log.exception("posting responses before the commit failed")
             self.complete = False
-        return seq
+
+    def settle(self, committed: bool) -> None:
+        if self.seq:
+            self.commits.settle(self.seq, committed)
+            self.seq = 0
+
+    def refused(self, tx: _Tx) -> bool:
+        """Whether `tx` depends on a transaction that failed."""
+        return bool(tx.depends_on) and self.commits.failed(tx.depends_on)
 
 
 def _run_batch_counting(
-    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
+    conn: sqlite3.Connection,
+    batch: list[_Tx],
+    early: _EarlyResponses | None = None,
+    more: Callable[[float], _Tx | None] | None = None,
 ) -> tuple[list[tuple[bool, Any, _Notes]], bool, bool]:
     """`_run_batch`, whether it changed any row, and whether its responses were posted
     before the COMMIT (`early`)."""
     before = conn.total_changes
-    outcomes, posted = _run_batch(conn, batch, early)
+    outcomes, posted = _run_batch(conn, batch, early, more)
     return outcomes, conn.total_changes != before, posted
 
 
 def _run_batch(
-    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
+    conn: sqlite3.Connection,
+    batch: list[_Tx],
+    early: _EarlyResponses | None = None,
+    more: Callable[[float], _Tx | None] | None = None,
 ) -> tuple[list[tuple[bool, Any, _Notes]], bool]:
     """Run a batch of logical transactions as one physical transaction; also whether its
     responses were posted early (only on the first, usual path).
@@ -1255,16 +1330,17 @@ def _run_batch(
     again with a SAVEPOINT per logical transaction. (Logical transactions are functions
     of the database only, so running one again is fine; the split retry below relies on
     that too.) A batch of one needs no savepoint at all: its rollback is the whole one.
+    `more` (see `_linger`) may add logical transactions to `batch` before the COMMIT.
     """
-    outcomes = _run_batch_plain(conn, batch, early)
+    outcomes = _run_batch_plain(conn, batch, early, more)
     if outcomes is not None:
         return outcomes, early is not None and early.complete
-    outcomes = _run_batch_savepoints(conn, batch)
+    outcomes = _run_batch_savepoints(conn, batch, early)
     _hand_over_direct(outcomes)  # committed (a second hand-over of a lock is a no-op)
     return outcomes, False
 
 
-def _hand_over_direct(outcomes: list[tuple[bool, Any, _Notes]]) -> None:
+def _hand_over_direct(outcomes: Sequence[tuple[bool, Any, _Notes]]) -> None:
     """Directly locked executions to their executors from the writer's thread, not
     after a hop through the loop: their runs start on worker threads at once."""
     for ok, _, notes in outcomes:
@@ -1272,13 +1348,30 @@ def _hand_over_direct(outcomes: list[tuple[bool, Any, _Notes]]) -> None:
             announce_direct(notes)
 
 
+#: How long a physical transaction that handed directly locked children to their
+#: executors stays open for their outcomes before its COMMIT (`_linger`).
+LINGER = 0.002
+
+
+def _refusal() -> _Outcome:
+    return (False, Conflict("a response the run was given was not committed"), _Notes())
+
+
 def _run_batch_plain(
-    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
+    conn: sqlite3.Connection,
+    batch: list[_Tx],
+    early: _EarlyResponses | None = None,
+    more: Callable[[float], _Tx | None] | None = None,
 ) -> list[tuple[bool, Any, _Notes]] | None:
     """The batch without savepoints; None (after a rollback) to run it with them."""
     outcomes: list[tuple[bool, Any, _Notes]] = []
     _begin(conn)  # failing: the connection itself failed (as below)
+    if early is not None:
+        early.began()
     for tx in batch:
+        if early is not None and early.refused(tx):
+            outcomes.append(_refusal())  # it wrote nothing: the others stand
+            continue
         notes = _Notes()
         try:
             value = tx.fn(conn, notes)
@@ -1291,51 +1384,114 @@ def _run_batch_plain(
         if not conn.in_transaction:  # it ended the transaction (see the savepoint path)
             return None
         outcomes.append((True, value, notes))
-    seq = early.post(outcomes) if early is not None else 0
+    if early is not None:
+        early.post(batch, outcomes)
     # Directly locked children start now: their runs overlap the fsync of the COMMIT
     # that creates them. Should that COMMIT fail, the savepoint retry writes the same
     # locks again (a second hand-over is a no-op) or the runs' outcomes find no such
     # execution and are dropped: an activity may run once more, never be lost.
     _hand_over_direct(outcomes)
     try:
+        if more is not None:
+            _linger(conn, batch, outcomes, early, more)
         conn.execute("COMMIT")
-    except sqlite3.Error:
+    except Exception:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
-        if seq:
-            early.commits.settle(seq, False)  # type: ignore[union-attr]
+        if early is not None:
+            early.settle(False)
         return None
     cache = _summaries(conn)
     if cache is not None:
         cache.commit()
-    if seq:
-        early.commits.settle(seq, True)  # type: ignore[union-attr]
+    if early is not None:
+        early.settle(True)
     return outcomes
 
 
+def _linger(
+    conn: sqlite3.Connection,
+    batch: list[_Tx],
+    outcomes: list[tuple[bool, Any, _Notes]],
+    early: _EarlyResponses | None,
+    more: Callable[[float], _Tx | None],
+) -> None:
+    """Keep the transaction open, up to `LINGER` seconds, while children it locked
+    directly are running (a quick activity reports in a fraction of a millisecond):
+    their outcomes, and whatever else is queued meanwhile, join it, each in a savepoint,
+    instead of waiting for this COMMIT and making a second one. Nobody waits for the
+    durability of what was handed over early."""
+    waiting = {
+        execution.execution_id
+        for ok, _, notes in outcomes
+        if ok
+        for _, execution in notes.direct
+        if execution is not None
+    }
+    if not waiting:
+        return
+    deadline = time.monotonic() + LINGER
+    while waiting:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        tx = more(remaining)
+        if tx is None:
+            return
+        outcome = _refusal() if early is not None and early.refused(tx) else _in_savepoint(conn, tx)
+        batch.append(tx)
+        outcomes.append(outcome)
+        if tx.execution_id is not None:
+            waiting.discard(tx.execution_id)
+        if early is not None:
+            early.post(batch[-1:], outcomes[-1:])
+        _hand_over_direct(outcomes[-1:])
+
+
+def _in_savepoint(conn: sqlite3.Connection, tx: _Tx) -> _Outcome:
+    """One logical transaction in a savepoint of the open physical one."""
+    cache = _summaries(conn)
+    saved = dict(cache.tx) if cache is not None else None
+    notes = _Notes()
+    conn.execute("SAVEPOINT tx")
+    try:
+        value = tx.fn(conn, notes)
+    except Exception as e:
+        conn.execute("ROLLBACK TO tx")
+        conn.execute("RELEASE tx")
+        if cache is not None and saved is not None:
+            cache.tx = saved
+        return (False, _translate(e), _Notes())
+    conn.execute("RELEASE tx")
+    return (True, value, notes)
+
+
 def _run_batch_savepoints(
-    conn: sqlite3.Connection, batch: list[_Tx]
+    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
 ) -> list[tuple[bool, Any, _Notes]]:
     cache = _summaries(conn)
     if cache is None or not cache.enabled:
-        return _run_batch_savepoints_uncached(conn, batch)
+        return _run_batch_savepoints_uncached(conn, batch, early)
     # A rollback to a savepoint undoes part of a transaction: no cache on this rare path.
     cache.clear()
     cache.enabled = False
     try:
-        return _run_batch_savepoints_uncached(conn, batch)
+        return _run_batch_savepoints_uncached(conn, batch, early)
     finally:
         cache.clear()
         cache.enabled = True
 
 
 def _run_batch_savepoints_uncached(
-    conn: sqlite3.Connection, batch: list[_Tx]
+    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None = None
 ) -> list[tuple[bool, Any, _Notes]]:
     outcomes: list[tuple[bool, Any, _Notes]] = []
     _begin(conn)
     try:
         for tx in batch:
+            if early is not None and early.refused(tx):
+                outcomes.append(_refusal())
+                continue
             notes = _Notes()
             conn.execute("SAVEPOINT tx")
             try:
@@ -1354,7 +1510,7 @@ def _run_batch_savepoints_uncached(
         if len(batch) == 1:
             return [(False, StorageError(f"database write failed: {e}"), _Notes())]
         # Retry each alone so that one bad transaction cannot fail the others.
-        return [o for tx in batch for o in _run_batch_savepoints_uncached(conn, [tx])]
+        return [o for tx in batch for o in _run_batch_savepoints_uncached(conn, [tx], early)]
     return outcomes
 
 

@@ -125,13 +125,21 @@ class WorkflowExecutor(BaseExecutor):
 
     def _drive(self, host: ReplayHost, locked: LockedExecution) -> None:
         """On the worker thread: run the guest, close join sets, write the outcome."""
-        from engine.workflow.js_runtime import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
-
         runner = self.component.runner
         # A guest computing without host calls for as long as a lock lasts is stopped
         # (SPEC §6.2): host calls extend the lock, spinning does not.
         spin_timeout = self.component.config.exec.lock_expiry_ms / 1000
-        outcome = runner.run(host, locked.params, spin_timeout=spin_timeout)
+        try:
+            self._finish(host, locked, runner.run(host, locked.params, spin_timeout=spin_timeout))
+        finally:
+            # Writes may have been answered before they were durable: the run is over
+            # once they are (or are known lost: a later run replays).
+            host.wait_durable()
+
+    def _finish(self, host: ReplayHost, locked: LockedExecution, outcome: Any) -> None:
+        from engine.workflow.js_runtime import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
+
+        spin_timeout = self.component.config.exec.lock_expiry_ms / 1000
         try:
             if host.aborted is not None or isinstance(outcome, WfAborted):
                 self._finish_aborted(host)

@@ -194,9 +194,11 @@ class ReplayHost:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def _committed(self) -> None:
-        """Before anything is written: the responses this run was given before their
-        transaction was durable (`ResponseInbox`) did commit; a run that computed with
-        one that was rolled back stops without writing (a new run replays the log)."""
+        """Before a read of the database or a write through the loop: what this run was
+        given or told before it was durable (`ResponseInbox`: responses, the outcomes of
+        its own writes) did commit; a run that computed with something rolled back
+        stops without writing (a new run replays the log). Its writes through
+        `append_from_thread` need no wait: the storage refuses them in that case."""
         if self._inbox is not None and not self._inbox.wait_committed():
             raise self._abort("lock_lost", "a response it was given was not committed")
 
@@ -213,6 +215,11 @@ class ReplayHost:
             raise
         finally:
             self._waiting = None
+
+    def wait_durable(self) -> None:
+        """Until everything this run wrote or computed with is durable or known lost."""
+        if self._inbox is not None:
+            self._inbox.wait_committed()
 
     def close(self) -> None:
         """The run is over: no more responses for it."""
@@ -318,7 +325,6 @@ class ReplayHost:
         if not events and not expiring and not lead:
             return None
         self._check()
-        self._committed()
         lock_expires_at = self.lock_expires_at
         if lead is None:
             lead = self._take_lead(now)
@@ -338,12 +344,12 @@ class ReplayHost:
             backtraces=[(i, frames) for i, frames in enumerate(stacks) if frames],
             component_digest=self.component_id.digest,
         )
-        self._open_inbox()  # before the commit: see below
+        inbox = self._open_inbox()  # before the commit: see below
         try:
             try:
                 # Straight to the storage's writer from this thread (no loop hop).
                 summary = self.storage.append_from_thread(
-                    self.execution_id, self.version, events, now, extras
+                    self.execution_id, self.version, events, now, extras, inbox
                 )
             except BaseException:
                 for c in creates:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -225,3 +226,50 @@ async def test_children_are_locked_as_they_are_created_by_an_idle_executor(
     # Every slot promised to a creation was settled once (handed over before the
     # COMMIT; a second hand-over or a release after it would count it again).
     assert activity._reserved == 0
+
+
+ADD_SERIAL_JS = """
+import { add } from "testing:fixtures/activity";
+export default function serial(n) {
+  let acc = 0;
+  for (let i = 0; i < n; i++) {
+    acc = Number(add(acc, 1));
+  }
+  return acc;
+}
+"""
+
+
+async def test_a_workflow_step_with_a_quick_activity_costs_one_commit(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    """A direct call's child is created, run and answered within one physical
+    transaction: the writer keeps the one that hands the child over open for its outcome
+    (`LINGER`), and the workflow's next write waits for no COMMIT (it is answered before
+    it). Two logical transactions per step, about one fsync."""
+    from tests.fixtures import components as fx
+
+    fx.share_compiled_cache(tmp_path / "data")
+    toml = f"""
+    [[activity_wasm]]
+    name = "fixtures"
+    location = "{fx.activity_component()}"
+
+    [[workflow_js]]
+    name = "serial"
+    location = "serial.js"
+    ffqn = "testing:wf/workflows.serial"
+    params = [{{ name = "n", type = "u32" }}]
+    return_type = "result<u64, string>"
+    """
+    engine = await start_engine(toml, files={"serial.js": ADD_SERIAL_JS})
+    steps = 30
+    before = dict(engine.storage.stats)
+    eid = await engine.submit("testing:wf/workflows.serial", [steps])
+    assert await engine.result(eid, timeout=30) == ev.ResultOk(steps)
+    await check_legal(engine, eid)
+    logical = engine.storage.stats["logical"] - before["logical"]
+    commits = engine.storage.stats["commits"] - before["commits"]
+    assert logical >= 2 * steps
+    # Allowance for children that missed the direct lock or were slow to report.
+    assert commits <= 1.4 * steps, (commits, logical)

@@ -381,6 +381,137 @@ async def test_a_direct_lock_is_handed_over_once_before_its_commit(
         assert c.execute("SELECT 1 FROM executions WHERE execution_id = ?", (child,)).fetchone()
 
 
+class ReportingLock(RecordingLock):
+    """A direct lock whose "run" reports at once, from the writer's thread, through
+    `append_then` (as an activity run does from its worker thread)."""
+
+    def __init__(self, storage: SqliteStorage, outcome: list[ev.Event], version_offset: int = 0):
+        super().__init__(Executor([ACTIVITY_FFQN]), 2)
+        self.storage = storage
+        self.outcome = outcome
+        self.version_offset = version_offset
+        self.reported: list[tuple[bool, Any]] = []
+        self.done = asyncio.get_running_loop().create_future()
+
+    def taken(self, execution: Any) -> None:
+        super().taken(execution)
+        loop = self.done.get_loop()
+
+        def reported(ok: bool, value: Any) -> None:
+            self.reported.append((ok, value))
+            loop.call_soon_threadsafe(self.done.set_result, None)
+
+        self.storage.append_then(
+            execution.execution_id,
+            execution.next_version + self.version_offset,
+            self.outcome,
+            at(3),
+            None,
+            reported,
+        )
+
+
+async def test_a_directly_locked_childs_outcome_joins_the_commit_that_created_it(
+    storage: SqliteStorage, db_path: Path
+) -> None:
+    """The transaction that hands a child over stays open for the child's outcome (a
+    quick activity reports well within `LINGER`): one COMMIT for both, not two."""
+    lock = ReportingLock(storage, [ev.Finished(ev.ResultOk(7))])
+    before = dict(storage.stats)
+    parent, [child], _ = await submit_children(storage, [lock])
+    await lock.done
+    # The parent's creation, its lock, then its append with the child's outcome.
+    assert storage.stats["logical"] - before["logical"] == 4
+    assert storage.stats["commits"] - before["commits"] == 3
+    [(ok, summary)] = lock.reported
+    assert ok and summary.is_finished
+    [response] = await storage.get_responses(parent, 0)
+    assert isinstance(response.response, ev.ChildExecutionFinished)
+    assert response.response.child_execution_id == child
+
+
+async def test_a_refused_outcome_in_a_lingering_transaction_rolls_back_alone(
+    storage: SqliteStorage,
+) -> None:
+    """A logical transaction added while the transaction lingers runs in a savepoint:
+    when it is refused, what came before stays and nothing of it is remembered."""
+    finished = ev.Finished(ev.ResultOk(7))
+    # `finished` then an illegal second event: the append is refused half-way.
+    lock = ReportingLock(storage, [finished, ev.Unlocked(at(3), "x")])
+    parent, [child], _ = await submit_children(storage, [lock])
+    await lock.done
+    [(ok, error)] = lock.reported
+    assert not ok and isinstance(error, Conflict)
+    assert await storage.get_responses(parent, 0) == []  # the parent's response too
+    s = await storage.get_summary(child)
+    assert not s.is_finished
+    # The writer's cached summary of the child is the committed one: this one fits.
+    [handed] = lock.handed
+    assert handed is not None
+    done = await storage.append(child, handed.next_version, [finished], at(4))
+    assert done.is_finished and done.next_version == handed.next_version + 1
+    assert len(await storage.get_responses(parent, 0)) == 1
+
+
+def _in_thread(fn: Any) -> Any:
+    return asyncio.get_running_loop().run_in_executor(None, fn)
+
+
+async def test_a_run_is_answered_before_the_commit_and_told_when_it_is_durable(
+    storage: SqliteStorage, db_path: Path
+) -> None:
+    """`append_from_thread` with the run's inbox answers just before the COMMIT and
+    notes that transaction in the inbox; `wait_committed` then confirms it."""
+    r = create_request()
+    await storage.create(r, at(0))
+    [le] = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(1)))
+    inbox = storage.open_inbox(le.execution_id)
+    try:
+        s = await _in_thread(
+            lambda: storage.append_from_thread(
+                le.execution_id, le.next_version, [ev.Finished(ev.ResultOk())], at(2), None, inbox
+            )
+        )
+        assert s.is_finished
+        assert inbox.uncommitted > 0  # answered before its COMMIT
+        assert await _in_thread(inbox.wait_committed)
+        assert inbox.uncommitted == 0
+        with contextlib.closing(raw(db_path)) as c:
+            [(state,)] = c.execute(
+                "SELECT state FROM executions WHERE execution_id = ?", (le.execution_id,)
+            ).fetchall()
+        assert state == "finished"
+    finally:
+        storage.close_inbox(le.execution_id, inbox)
+
+
+async def test_a_write_that_depends_on_a_failed_transaction_is_refused(
+    storage: SqliteStorage,
+) -> None:
+    """A run that computed with an early outcome of a transaction whose COMMIT failed
+    writes nothing: the writer refuses its next append (it replays instead)."""
+    r = create_request()
+    await storage.create(r, at(0))
+    [le] = await storage.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(1)))
+    inbox = storage.open_inbox(le.execution_id)
+    try:
+        commits = storage.notifier.commits
+        seq = commits.begin()
+        commits.settle(seq, False)
+        inbox.note_uncommitted(seq)
+        with pytest.raises(Conflict, match="not committed"):
+            await _in_thread(
+                lambda: storage.append_from_thread(
+                    le.execution_id, le.next_version, [ev.Finished(ev.ResultOk())], at(2),
+                    None, inbox,
+                )
+            )
+    finally:
+        storage.close_inbox(le.execution_id, inbox)
+    s = await storage.get_summary(le.execution_id)
+    assert not s.is_finished and s.next_version == le.next_version
+
+
 # ---------------------------------------------------------------------------------------
 # durability and concurrency with other connections
 # ---------------------------------------------------------------------------------------
