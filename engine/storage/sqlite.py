@@ -35,6 +35,7 @@ from engine import affinity
 from engine.core import events as ev
 from engine.core.ids import DelayId, ExecutionId
 from engine.core.state import (
+    BlockedByJoinSet,
     ExecutionSummary,
     IllegalAppend,
     PendingAt,
@@ -194,11 +195,12 @@ class _ThreadReply:
     """The outcome of a logical transaction for a caller blocked on another thread: the
     writer hands it over directly (a lock released), without a hop through the loop."""
 
-    __slots__ = ("_done", "early", "ok", "seq", "value")
+    __slots__ = ("_answered", "_done", "early", "ok", "seq", "value")
 
     def __init__(self, early: bool = False) -> None:
         self._done = threading.Lock()
         self._done.acquire()
+        self._answered = False
         self.ok = False
         self.value: Any = None
         #: Whether the caller takes a success before its COMMIT (`set_early`).
@@ -207,12 +209,17 @@ class _ThreadReply:
         self.seq = 0
 
     def set(self, ok: bool, value: Any) -> None:
-        if self.seq:
-            return  # answered before the COMMIT already
+        """The outcome (ignored after an early one: only the first answer counts)."""
+        if self._answered:
+            return
+        self._answered = True
         self.ok, self.value = ok, value
         self._done.release()
 
     def set_early(self, value: Any, seq: int) -> None:
+        if self._answered:
+            return
+        self._answered = True
         self.ok, self.value, self.seq = True, value, seq
         self._done.release()
 
@@ -1264,6 +1271,11 @@ class _EarlyResponses:
         #: Whether every response so far was handed over (else: post again after the
         #: COMMIT; a run ignores a response it has).
         self.complete = True
+        #: Early outcomes of appends that left their execution blocked, by execution:
+        #: its run has nothing to do before a response comes, so it is answered with the
+        #: first one this transaction posts to it (one wake-up instead of two), else at
+        #: the COMMIT.
+        self.deferred: dict[str, list[tuple[_ThreadReply, Any]]] = {}
 
     def number(self) -> int:
         if not self.seq:
@@ -1285,17 +1297,31 @@ class _EarlyResponses:
                     seq = self.number()
                     for execution_id, items in _grouped_responses(notes).items():
                         self.notifier.post_responses(execution_id, items, seq)
+                        for waiting, summary in self.deferred.pop(execution_id, ()):
+                            waiting.set_early(summary, seq)
                 reply = tx.reply
                 if isinstance(reply, _ThreadReply) and reply.early:
-                    reply.set_early(value, self.number())
+                    if tx.execution_id is not None and isinstance(
+                        getattr(value, "underlying", None), BlockedByJoinSet
+                    ):
+                        self.number()
+                        self.deferred.setdefault(tx.execution_id, []).append((reply, value))
+                    else:
+                        reply.set_early(value, self.number())
         except Exception:  # a bug: the responses go out after the commit instead
             log.exception("posting responses before the commit failed")
             self.complete = False
 
     def settle(self, committed: bool) -> None:
-        if self.seq:
-            self.commits.settle(self.seq, committed)
-            self.seq = 0
+        """The COMMIT succeeded or failed: the deferred early outcomes go out now."""
+        if not self.seq:
+            return
+        seq, self.seq = self.seq, 0
+        deferred, self.deferred = self.deferred, {}
+        for replies in deferred.values():
+            for reply, summary in replies:
+                reply.set_early(summary, seq)
+        self.commits.settle(seq, committed)
 
     def refused(self, tx: _Tx) -> bool:
         """Whether `tx` depends on a transaction that failed."""
@@ -1384,13 +1410,13 @@ def _run_batch_plain(
         if not conn.in_transaction:  # it ended the transaction (see the savepoint path)
             return None
         outcomes.append((True, value, notes))
-    if early is not None:
-        early.post(batch, outcomes)
     # Directly locked children start now: their runs overlap the fsync of the COMMIT
     # that creates them. Should that COMMIT fail, the savepoint retry writes the same
     # locks again (a second hand-over is a no-op) or the runs' outcomes find no such
     # execution and are dropped: an activity may run once more, never be lost.
     _hand_over_direct(outcomes)
+    if early is not None:
+        early.post(batch, outcomes)
     try:
         if more is not None:
             _linger(conn, batch, outcomes, early, more)
@@ -1443,9 +1469,9 @@ def _linger(
         outcomes.append(outcome)
         if tx.execution_id is not None:
             waiting.discard(tx.execution_id)
+        _hand_over_direct(outcomes[-1:])
         if early is not None:
             early.post(batch[-1:], outcomes[-1:])
-        _hand_over_direct(outcomes[-1:])
 
 
 def _in_savepoint(conn: sqlite3.Connection, tx: _Tx) -> _Outcome:

@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 
 from engine.core import events as ev
+from engine.core.state import BlockedByJoinSet
 from engine.storage import sqlite as sqlite_backend
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
+    CreateRequest,
     StorageError,
     VersionConflict,
 )
@@ -30,12 +32,14 @@ from engine.workers.outcome import LogLine
 
 from .conftest import (
     ACTIVITY_FFQN,
+    WORKFLOW,
+    WORKFLOW_FFQN,
     Executor,
     at,
     child_id,
     create_request,
 )
-from .test_contract import RecordingLock, submit_children
+from .test_contract import RecordingLock, create, lock, submit_children
 
 
 @pytest.fixture
@@ -483,6 +487,51 @@ async def test_a_run_is_answered_before_the_commit_and_told_when_it_is_durable(
         assert state == "finished"
     finally:
         storage.close_inbox(le.execution_id, inbox)
+
+
+async def test_a_run_left_blocked_is_answered_with_its_first_response(
+    storage: SqliteStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An early answer that says "blocked by the join set" is held back until the
+    transaction posts a response to the run (here: its child's outcome, lingered in):
+    the run wakes once and finds the response in its inbox."""
+    parent = await create(storage, WORKFLOW_FFQN)
+    wf = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+    js = "g:1"
+    child = child_id(parent, js, 1)
+    history: list[ev.Event] = [
+        ev.HistoryEvent(ev.JoinSetCreate(js)),
+        ev.HistoryEvent(ev.JoinSetRequest(js, ev.ChildExecutionRequest(child, ACTIVITY_FFQN, []))),
+        ev.HistoryEvent(ev.JoinNext(js, run_expires_at=wf.lock_expires_at)),
+    ]
+    reporter = ReportingLock(storage, [ev.Finished(ev.ResultOk(7))])
+    created = create_request(child, ACTIVITY_FFQN, params=[], parent=(parent, js)).created
+    extras = AppendExtras(creates=[CreateRequest(child, created, reporter)])
+    inbox = storage.open_inbox(parent)
+    order: list[str] = []
+    post, set_early = type(inbox).post, sqlite_backend._ThreadReply.set_early
+    monkeypatch.setattr(
+        type(inbox), "post", lambda self, *a: (order.append("response"), post(self, *a))[1]
+    )
+    monkeypatch.setattr(
+        sqlite_backend._ThreadReply,
+        "set_early",
+        lambda self, *a: (order.append("answer"), set_early(self, *a))[1],
+    )
+    try:
+        s = await _in_thread(
+            lambda: storage.append_from_thread(
+                parent, wf.next_version, history, at(2), extras, inbox
+            )
+        )
+        assert isinstance(s.underlying, BlockedByJoinSet)
+        assert order == ["response", "answer"]
+        items, _ = inbox.take(0)  # no wait: it came first
+        assert [r.response.child_execution_id for r in items] == [child]  # type: ignore[union-attr]
+        assert await _in_thread(inbox.wait_committed)
+    finally:
+        storage.close_inbox(parent, inbox)
+    await reporter.done
 
 
 async def test_a_write_that_depends_on_a_failed_transaction_is_refused(
