@@ -143,7 +143,8 @@ def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -
     if config.type == "activity_wasm":
         digest = file_digest(data)
         try:
-            component = wasm_engine.load_component(config.location, cache_dir)
+            assert config.location is not None  # read above
+            component = wasm_activity.load_activity(config.location, cache_dir, wasm_engine)
             signatures = wasm_activity.inspect_exports(component)
         except wasm_activity.ComponentLoadError as e:
             raise DeploymentError(f"{config.section}, key `location`: {e}") from None

@@ -17,6 +17,16 @@ thread). WASI stdout/stderr callbacks, however, arrive on a wasmtime-internal th
 bytes are buffered and turned into log lines on the worker thread (on epoch ticks, before each
 `obelisk:log` line, and at the end of the run), so the sink is only called from the worker.
 
+Instances. Activity runs instantiate on a process-wide engine with wasmtime's pooling
+allocator (`WasmEngine.activity_pool`): linear memories, tables and instance state live in
+slots reserved once and reused, where an on-demand engine maps fresh memory for every run
+and unmaps it afterwards (with a TLB shootdown on every CPU the process ran on): that made
+a trivial run cost ~2x its CPU and most of its wall time. At most `ACTIVITY_POOL_SLOTS`
+instances exist at once; a run waits for a free slot. A component that does not fit a slot
+(too many core instances, memories or table elements) is loaded on the on-demand engine
+instead (`load_activity`). When the pool cannot be set up (e.g. an address-space limit:
+slots are virtual reservations of several GiB each) activities use the on-demand engine.
+
 Caching. `WasmEngine.load` keys compiled code by the sha256 of the component file plus the
 wasmtime version and platform. The cache directory must be trusted: deserializing compiled
 code skips validation.
@@ -24,6 +34,7 @@ code skips validation.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.metadata
@@ -35,7 +46,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,19 +194,90 @@ class LoadedComponent:
     cache_hit: bool
 
 
+#: Instances the activity pool holds at once (`WasmEngine.activity_pool`).
+ACTIVITY_POOL_SLOTS = 128
+#: Per slot: what one activity instance may use (generous: a slot is address space
+#: reserved, memory is only committed while used).
+_POOL_PER_SLOT = {"core_instances": 32, "memories": 2, "tables": 4}
+_POOL_MAX_MEMORY = 4 << 30
+_POOL_TABLE_ELEMENTS = 100_000
+
+
+def _pooled_config(slots: int) -> wasmtime.Config | None:
+    """An epoch-interrupting config with the pooling allocator, or None when this
+    wasmtime build cannot make one."""
+    config = wasmtime.Config()
+    config.epoch_interruption = True
+    try:
+        lib = ffi.dll
+        new = lib.wasmtime_pooling_allocation_config_new
+        new.restype = ctypes.c_void_p
+        new.argtypes = []
+        pooling = new()
+        if not pooling:
+            return None
+
+        def setting(name: str, value: int, c_type: Any = ctypes.c_uint32) -> None:
+            fn = getattr(lib, f"wasmtime_pooling_allocation_config_{name}_set")
+            fn.argtypes = [ctypes.c_void_p, c_type]
+            fn.restype = None
+            fn(pooling, value)
+
+        try:
+            setting("total_component_instances", slots)
+            for what, per_slot in _POOL_PER_SLOT.items():
+                setting(f"total_{what}", slots * per_slot)
+            setting("max_memory_size", _POOL_MAX_MEMORY, ctypes.c_size_t)
+            setting("table_elements", _POOL_TABLE_ELEMENTS, ctypes.c_size_t)
+            strategy = lib.wasmtime_pooling_allocation_strategy_set
+            strategy.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            strategy.restype = None
+            strategy(config.ptr(), pooling)
+        finally:
+            delete = lib.wasmtime_pooling_allocation_config_delete
+            delete.argtypes = [ctypes.c_void_p]
+            delete.restype = None
+            delete(pooling)
+    except (AttributeError, OSError, ctypes.ArgumentError):  # pragma: no cover
+        return None
+    return config
+
+
 class WasmEngine:
     """A wasmtime engine with epoch interruption, its epoch ticker and the activity linker."""
 
     _shared: WasmEngine | None = None
+    _pool: WasmEngine | None = None
     _shared_lock = threading.Lock()
 
-    def __init__(self) -> None:
-        config = wasmtime.Config()
-        config.epoch_interruption = True
-        self.engine = wasmtime.Engine(config)
+    def __init__(self, pool_slots: int = 0) -> None:
+        """`pool_slots` > 0: instances come from that many pooled slots (see the module's
+        docstring), if the pool can be set up (`pooled` says whether it was)."""
+        engine: wasmtime.Engine | None = None
+        if pool_slots > 0 and (config := _pooled_config(pool_slots)) is not None:
+            try:
+                engine = wasmtime.Engine(config)
+            except WasmtimeError as e:
+                _log.info("no pooled activity instances (%s): using on-demand memory", e)
+        self.pooled = engine is not None
+        if engine is None:
+            config = wasmtime.Config()
+            config.epoch_interruption = True
+            engine = wasmtime.Engine(config)
+        self.engine = engine
+        #: Bounds the instances alive at once to the pool's slots.
+        self.slots = threading.BoundedSemaphore(pool_slots) if self.pooled else None
         self._lock = threading.Lock()
         self._ticker: threading.Thread | None = None
         self._linker: wc.Linker | None = None
+
+    @classmethod
+    def activity_pool(cls) -> WasmEngine:
+        """The process-wide engine of activity runs: pooled instances when possible."""
+        with cls._shared_lock:
+            if cls._pool is None:
+                cls._pool = cls(ACTIVITY_POOL_SLOTS)
+            return cls._pool
 
     @classmethod
     def shared(cls) -> WasmEngine:
@@ -288,6 +370,63 @@ class WasmEngine:
         self, source: Path | str | bytes, cache_dir: Path | str | None = None
     ) -> wc.Component:
         return self.load(source, cache_dir).component
+
+    def verify_instantiable(self, component: wc.Component, timeout: float = 5.0) -> None:
+        """Instantiate `component` once with the activity linker; `ComponentLoadError`
+        naming the cause when that fails."""
+        limit = time.monotonic() + timeout
+        with self.slot(lambda: "timeout" if time.monotonic() > limit else None) as got:
+            if got is not None:
+                raise ComponentLoadError("cannot instantiate component: no free instance slot")
+            store, _ = self.new_store(lambda: "timeout" if time.monotonic() > limit else None)
+            store.set_wasi(wasmtime.WasiConfig())
+            store.set_wasi_http()
+            try:
+                self.activity_linker().instantiate(store, component)
+            except WasmtimeError as e:
+                raise ComponentLoadError(
+                    f"cannot instantiate component: {_cause(str(e))}"
+                ) from None
+            finally:
+                store.close()
+
+    @contextlib.contextmanager
+    def slot(self, check: Callable[[], str | None]) -> Iterator[str | None]:
+        """While a pooled instance slot is held (at once without a pool); yields None, or
+        the reason `check()` gave for not waiting any longer."""
+        slots = self.slots
+        if slots is None:
+            yield None
+            return
+        while not slots.acquire(timeout=0.05):
+            if (reason := check()) is not None:
+                yield reason
+                return
+        try:
+            yield None
+        finally:
+            slots.release()
+
+
+def load_activity(
+    source: Path | str, cache_dir: Path | str | None, fallback: WasmEngine
+) -> wc.Component:
+    """An activity component, compiled for the pooled engine (`WasmEngine.activity_pool`);
+    on `fallback` (on-demand instances) when the pool is not available or the component
+    does not compile or instantiate for a pooled slot (its runs then say why, if it
+    cannot instantiate on demand either)."""
+    pool = WasmEngine.activity_pool()
+    if not pool.pooled:
+        return fallback.load_component(source, cache_dir)
+    try:
+        component = pool.load_component(source, cache_dir)
+        pool.verify_instantiable(component)
+    except ComponentLoadError as pooled_error:
+        # Not for a pooled slot (or not valid at all: then this says so).
+        on_demand = fallback.load_component(source, cache_dir)
+        _log.info("%s: on-demand instances (%s)", source, pooled_error)
+        return on_demand
+    return component
 
 
 # Which engine compiled a component: using it with another engine's store or linker fails
@@ -590,14 +729,7 @@ class WasmActivityRunner:
 
     def verify_instantiable(self, timeout: float = 5.0) -> None:
         """Instantiate once (imports satisfiable?) so a deployment fails early and clearly."""
-        limit = time.monotonic() + timeout
-        store, _ = self.engine.new_store(lambda: "timeout" if time.monotonic() > limit else None)
-        store.set_wasi(wasmtime.WasiConfig())
-        store.set_wasi_http()
-        try:
-            self._linker.instantiate(store, self.component)
-        except WasmtimeError as e:
-            raise ComponentLoadError(f"cannot instantiate component: {_cause(str(e))}") from None
+        self.engine.verify_instantiable(self.component, timeout)
 
     def run(
         self,
@@ -634,7 +766,20 @@ class WasmActivityRunner:
 
         if (early := check()) is not None:
             return RunCancelled() if early == "cancelled" else RunTimedOut()
+        with self.engine.slot(check) as stopped:
+            if stopped is not None:
+                return RunCancelled() if stopped == "cancelled" else RunTimedOut()
+            return self._run_in_slot(ffqn, args, result_type, env_vars, state, check)
 
+    def _run_in_slot(
+        self,
+        ffqn: str,
+        args: list[Any],
+        result_type: WitResult,
+        env_vars: Mapping[str, str],
+        state: _RunState,
+        check: Callable[[], str | None],
+    ) -> RunOutcome:
         store, interrupt = self.engine.new_store(check)
         wasi = wasmtime.WasiConfig()
         if env_vars:
@@ -693,6 +838,7 @@ class WasmActivityRunner:
         finally:
             _ACTIVE.state = None
             state.flush_output(final=True)
+            store.close()  # its slot is free once this returns
 
     def _convert_params(self, signature: FunctionSignature, params: Any) -> list[Any] | RunTrap:
         expected = signature.params

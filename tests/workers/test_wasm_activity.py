@@ -27,10 +27,13 @@ from engine.workers.outcome import (  # noqa: E402
     RunTrap,
 )
 from engine.workers.wasm_activity import (  # noqa: E402
+    _POOL_TABLE_ELEMENTS,
+    ACTIVITY_POOL_SLOTS,
     ComponentLoadError,
     WasmActivityRunner,
     WasmEngine,
     inspect_exports,
+    load_activity,
 )
 from tests.fixtures import components as fx  # noqa: E402
 
@@ -351,6 +354,77 @@ def test_component_of_another_engine_runs_on_that_engine() -> None:
     assert runner.run(
         fx.ffqn("echo"), ["e"], {}, time.monotonic() + 5, threading.Event(), print
     ) == RunOk("e")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pooled instances
+
+
+def test_activities_load_on_the_pooled_engine_and_run() -> None:
+    fallback = WasmEngine()
+    component = load_activity(fx.activity_component(), None, fallback)
+    runner = WasmActivityRunner(component, inspect_exports(component))
+    assert runner.engine is WasmEngine.activity_pool() and runner.engine.pooled
+    assert run(runner, "echo", ["p"]) == RunOk("p")
+    assert run(runner, "spin", [], timeout=0.05) == RunTimedOut()
+    assert isinstance(run(runner, "trap", []), RunTrap)
+    # every run gave its slot back
+    slots = runner.engine.slots
+    assert slots is not None
+    taken = [slots.acquire(blocking=False) for _ in range(ACTIVITY_POOL_SLOTS)]
+    assert all(taken) and not slots.acquire(blocking=False)
+    for _ in taken:
+        slots.release()
+
+
+def test_a_component_too_big_for_a_pooled_slot_runs_on_demand() -> None:
+    """A table larger than a slot's: pooled instantiation fails, on-demand works, so the
+    component is loaded on the fallback engine."""
+    wit = """\
+package testing:big;
+interface activity { go: func() -> result; }
+world w { export activity; }
+"""
+    wat = f"""\
+(module
+  (table {_POOL_TABLE_ELEMENTS + 1} funcref)
+  (memory (export "cm32p2_memory") 1)
+  (func (export "cm32p2|testing:big/activity|go") (result i32) (i32.const 0)))
+"""
+    path = fx.build_component("big-table", {"w.wit": wit}, wat)
+    with pytest.raises(ComponentLoadError):
+        WasmEngine.activity_pool().verify_instantiable(
+            WasmEngine.activity_pool().load_component(path)
+        )
+    fallback = WasmEngine()
+    component = load_activity(path, None, fallback)
+    runner = WasmActivityRunner(component, inspect_exports(component))
+    assert runner.engine is fallback and not fallback.pooled
+    outcome = runner.run(
+        "testing:big/activity.go", [], {}, time.monotonic() + 5, threading.Event(), print
+    )
+    assert outcome == RunOk(None)
+
+
+def test_a_run_waits_for_a_free_slot() -> None:
+    """With every slot taken, a run waits (here: until its deadline) instead of failing
+    to instantiate; once one is free it runs."""
+    engine = WasmEngine(pool_slots=1)
+    assert engine.pooled
+    component = engine.load_component(fx.activity_component())
+    runner = WasmActivityRunner(component, inspect_exports(component))
+    done: list[RunOutcome] = []
+    spinning = threading.Thread(target=lambda: done.append(run(runner, "spin", [], timeout=0.5)))
+    spinning.start()
+    slots = engine.slots
+    assert slots is not None
+    while slots.acquire(blocking=False):  # until the spinning run holds the slot
+        slots.release()
+        time.sleep(0.001)
+    assert run(runner, "echo", ["w"], timeout=0.1) == RunTimedOut()
+    assert run(runner, "echo", ["w"], timeout=5) == RunOk("w")  # after the spin timed out
+    spinning.join()
+    assert done == [RunTimedOut()]
 
 
 def test_versioned_interface_ffqn() -> None:
