@@ -1131,9 +1131,57 @@ def _fast_guest_calls(inst: Any) -> bool:
         for name in ("qjs_alloc", "qjs_free", "get_string", "new_string", "eval_code"):
             signature(name)
         inst.c = c
+        _fast_memory(inst)
         return True
     except Exception:
         return False
+
+
+def _fast_memory(inst: Any) -> None:
+    """Replace `inst.read` and `inst.alloc_write` by direct copies from and to the guest's
+    linear memory. wasmtime-py's `Memory.read`/`write` ask for the memory's size twice,
+    build a new ctypes array type per call and copy twice; this asks for the base
+    address and the size (GIL-keeping calls) and copies once. The base is asked for at
+    every access: the memory may grow and move. Same bounds checks and errors."""
+    import ctypes
+
+    from quickjs_rs._engine import QuickJSError as GuestMemoryError  # as `inst.read` raises
+
+    from engine.workers.gil import _library
+
+    library = _library()
+    if library is None:
+        return
+    data = library["wasmtime_memory_data"]  # a binding of its own: its restype is ours
+    data.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    data.restype = ctypes.c_void_p
+    size = library["wasmtime_memory_data_size"]
+    size.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    size.restype = ctypes.c_size_t
+    context = ctypes.cast(inst.store._context(), ctypes.c_void_p).value
+    memory = ctypes.addressof(inst.mem._memory)
+    string_at = ctypes.string_at
+    memmove = ctypes.memmove
+    c = inst.c
+
+    def read(ptr: int, length: int) -> bytes:
+        if ptr < 0 or length < 0 or ptr + length > size(context, memory):
+            raise GuestMemoryError(f"out-of-range guest read ptr={ptr} len={length}")
+        return string_at(data(context, memory) + ptr, length)
+
+    def alloc_write(payload: bytes) -> int:
+        n = len(payload)
+        p = c("qjs_alloc", n)
+        if p == 0 and n > 0:
+            raise GuestMemoryError("qjs_alloc returned null")
+        if n:
+            if p + n > size(context, memory):
+                raise IndexError("index out of range")
+            memmove(data(context, memory) + p, payload, n)
+        return int(p)
+
+    inst.read = read
+    inst.alloc_write = alloc_write
 
 
 # ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from quickjs_rs._engine import QuickJSError as GuestMemoryError
 
 from engine.workflow import js_runtime
 from engine.workflow.host_api import Frame, WorkflowCallError
@@ -934,12 +935,17 @@ def test_fast_paths_are_active_and_equivalent(
     monkeypatch: pytest.MonkeyPatch, accelerate: bool, snapshot: bool
 ) -> None:
     seen: list[tuple[bool, bool, bool]] = []
+    direct_memory: list[bool] = []
     original_open = js_runtime._Run.open
 
     def spy(self: js_runtime._Run, **kwargs: Any) -> None:
         original_open(self, **kwargs)
         if self.execution_id:  # not the load that takes the runner's module image
             seen.append((self.accelerated, self.from_snapshot, self.module_loaded))
+            inst = self.ctx._engine_ctx._inst
+            direct_memory.append("read" in vars(inst) and "alloc_write" in vars(inst))
+            with pytest.raises(GuestMemoryError, match="out-of-range guest read"):
+                inst.read(inst.mem.data_len(inst.store) - 2, 4)
 
     monkeypatch.setattr(js_runtime._Run, "open", spy)
     monkeypatch.setattr(js_runtime, "ACCELERATE", accelerate)
@@ -947,6 +953,7 @@ def test_fast_paths_are_active_and_equivalent(
     outcome, host = run_js(EQUIVALENCE, [5])
     # check() loads the module; run() starts from the runner's module image if it may.
     assert seen == [(accelerate, snapshot, False), (accelerate, snapshot, snapshot)]
+    assert direct_memory == [accelerate, accelerate]  # `_fast_memory`
     assert isinstance(outcome, WfOk)
     value = outcome.value
     assert value[:4] == [10, "failed 1", 2**60, START_MS + 1]  # wide ints cross as BigInt
