@@ -201,6 +201,7 @@ ACTIVITY_POOL_SLOTS = 128
 _POOL_PER_SLOT = {"core_instances": 32, "memories": 2, "tables": 4}
 _POOL_MAX_MEMORY = 4 << 30
 _POOL_TABLE_ELEMENTS = 100_000
+_POOL_KEEP_RESIDENT = 1 << 20
 
 
 def _pooled_config(slots: int) -> wasmtime.Config | None:
@@ -229,6 +230,10 @@ def _pooled_config(slots: int) -> wasmtime.Config | None:
                 setting(f"total_{what}", slots * per_slot)
             setting("max_memory_size", _POOL_MAX_MEMORY, ctypes.c_size_t)
             setting("table_elements", _POOL_TABLE_ELEMENTS, ctypes.c_size_t)
+            # A freed slot's first MiB is zeroed rather than decommitted: decommitting
+            # (madvise) interrupts every CPU the process runs on to flush its TLB.
+            setting("linear_memory_keep_resident", _POOL_KEEP_RESIDENT, ctypes.c_size_t)
+            setting("table_keep_resident", _POOL_KEEP_RESIDENT, ctypes.c_size_t)
             strategy = lib.wasmtime_pooling_allocation_strategy_set
             strategy.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
             strategy.restype = None

@@ -406,6 +406,36 @@ world w { export activity; }
     assert outcome == RunOk(None)
 
 
+def test_a_pooled_slot_starts_every_run_from_fresh_memory() -> None:
+    """A slot is reused (its first MiB zeroed rather than decommitted): a run never sees
+    what the previous one wrote."""
+    wit = """\
+package testing:fresh;
+interface activity { bump: func() -> result<u64, string>; }
+world w { export activity; }
+"""
+    wat = """\
+(module
+  (memory (export "cm32p2_memory") 1)
+  (func (export "cm32p2|testing:fresh/activity|bump") (result i32)
+    (i64.store (i32.const 200) (i64.add (i64.load (i32.const 200)) (i64.const 1)))
+    (i32.store8 (i32.const 16) (i32.const 0))
+    (i64.store (i32.const 24) (i64.load (i32.const 200)))
+    (i32.const 16)))
+"""
+    path = fx.build_component("fresh-memory", {"w.wit": wit}, wat)
+    component = load_activity(path, None, WasmEngine())
+    runner = WasmActivityRunner(component, inspect_exports(component))
+    assert runner.engine.pooled
+    outcomes = [
+        runner.run(
+            "testing:fresh/activity.bump", [], {}, time.monotonic() + 5, threading.Event(), print
+        )
+        for _ in range(5)
+    ]
+    assert outcomes == [RunOk(1)] * 5
+
+
 def test_a_run_waits_for_a_free_slot() -> None:
     """With every slot taken, a run waits (here: until its deadline) instead of failing
     to instantiate; once one is free it runs."""
