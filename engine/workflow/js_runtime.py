@@ -294,6 +294,9 @@ def camel_case(name: str) -> str:
     return parts[0] + "".join(p[:1].upper() + p[1:] for p in parts[1:])
 
 
+#: Distinct stacks a runner keeps parsed (`JsWorkflowRunner.stack_frames`).
+_MAX_CACHED_STACKS = 1024
+
 _FRAME = re.compile(r"^\s*at (?:(.*?) \()?(.+):(\d+):(\d+)\)?\s*$")
 
 
@@ -1395,7 +1398,7 @@ class _Run:
             if not isinstance(args, list):
                 raise _BadArgs("host arguments must be an array")
             if stack and self.host is not None and op in _STACK_OPS:
-                self.host.set_stack(parse_js_stack(str(stack), self.filename))
+                self.host.set_stack(self.runner.stack_frames(str(stack)))
             value = handler(args)
             return json.dumps({"v": _wide_ints_as_bigints(value)}, allow_nan=False)
         except RunAborted:
@@ -1540,6 +1543,18 @@ class JsWorkflowRunner:
         #: with (None: this module cannot have one). See `_module_image`.
         self._module_images: dict[tuple[Any, ...], HeapImage | None] = {}
         self._image_lock = threading.Lock()
+        #: `Error.stack` text → its frames in this file: a workflow's calls come from a
+        #: few places, each parsed once (the lists are shared, never changed).
+        self._stacks: dict[str, list[Frame]] = {}
+
+    def stack_frames(self, stack: str) -> list[Frame]:
+        frames = self._stacks.get(stack)
+        if frames is None:
+            frames = parse_js_stack(stack, self.filename)
+            if len(self._stacks) >= _MAX_CACHED_STACKS:
+                self._stacks.clear()
+            self._stacks[stack] = frames
+        return frames
 
     @property
     def export(self) -> str:
