@@ -64,10 +64,10 @@ class Commits:
             self._closed = True
             self._cond.notify_all()
 
-    def failed(self, seq: int) -> bool:
-        """Whether transaction `seq` is settled as failed (no wait)."""
+    def failed_between(self, low: int, high: int) -> bool:
+        """Whether a transaction numbered `low`..`high` is settled as failed (no wait)."""
         with self._cond:
-            return seq in self._failed
+            return any(low <= seq <= high for seq in self._failed)
 
     def wait(self, seq: int) -> bool:
         """Whether transaction `seq` committed, waiting until it is settled."""
@@ -87,7 +87,7 @@ class ResponseInbox:
     of `Commits`): the run may compute with it but writes nothing before
     `wait_committed` says that it did commit."""
 
-    __slots__ = ("_commits", "_cond", "_items", "_poked", "_seq", "_woken")
+    __slots__ = ("_commits", "_cond", "_items", "_low", "_poked", "_seq", "_woken")
 
     def __init__(self, commits: Commits | None = None) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -95,7 +95,9 @@ class ResponseInbox:
         self._poked = False
         self._woken = False
         self._commits = commits
-        #: The latest not yet confirmed transaction of the responses taken (0: none).
+        #: The earliest and the latest not yet confirmed transaction of what the run was
+        #: given (responses taken, its own writes answered early; 0: none).
+        self._low = 0
         self._seq = 0
 
     def post(self, items: Sequence[ev.StoredResponse], seq: int = 0) -> None:
@@ -105,23 +107,27 @@ class ResponseInbox:
             self._cond.notify_all()
 
     @property
-    def uncommitted(self) -> int:
-        """The latest transaction the run computed with that may not be durable yet."""
-        return self._seq
+    def uncommitted(self) -> tuple[int, int]:
+        """The earliest and the latest transaction the run computed with that may not be
+        durable yet ((0, 0): none)."""
+        return self._low, self._seq
 
     def note_uncommitted(self, seq: int) -> None:
-        """The run's own write was answered before its COMMIT (owner thread only)."""
-        self._seq = max(self._seq, seq)
+        """The run computed with transaction `seq` (owner thread only)."""
+        if seq:
+            self._seq = max(self._seq, seq)
+            self._low = min(self._low, seq) if self._low else seq
 
     def wait_committed(self) -> bool:
-        """Whether every response taken so far is committed, waiting for those whose
-        transaction is being committed. False: one was rolled back (never happened)."""
-        seq = self._seq
+        """Whether everything the run was given so far is committed, waiting for the
+        transactions still being committed. False: one of them was rolled back."""
+        low, seq = self._low, self._seq
         if seq == 0 or self._commits is None:
             return True
-        if not self._commits.wait(seq):
+        self._commits.wait(seq)
+        if self._commits.failed_between(low, seq):
             return False
-        self._seq = 0
+        self._low = self._seq = 0
         return True
 
     def poke(self) -> None:
@@ -144,7 +150,7 @@ class ResponseInbox:
             poked, self._poked = self._poked, False
             self._woken = False
         for _, seq in items:
-            self._seq = max(self._seq, seq)
+            self.note_uncommitted(seq)
         return [item for item, _ in items], poked
 
 

@@ -256,9 +256,9 @@ class _Tx:
     reply: _ThreadReply | _CallbackReply | None = None
     #: The execution it appends to (lingering: has a directly locked child reported?).
     execution_id: str | None = None
-    #: The `Commits` transaction whose early outcomes the caller computed with (0: none):
-    #: refused when that one failed.
-    depends_on: int = 0
+    #: The `Commits` transactions (earliest, latest) whose early outcomes the caller
+    #: computed with ((0, 0): none): refused when one of them failed.
+    depends_on: tuple[int, int] = (0, 0)
 
 
 @dataclass(slots=True)
@@ -441,13 +441,16 @@ class _Writer:
                 self.early.commits.close()
             with contextlib.suppress(sqlite3.Error):
                 self.conn.close()
-            # Whatever is still queued (the thread died): its callers get an error.
+            # Whatever is still queued or held (the thread died): its callers get an error.
             leftovers: list[_Tx] = []
             while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+                if self._held:
+                    item = self._held.pop()
+                else:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
                 if isinstance(item, _Call):
                     self._to_loop(_settle, item.future, False, StorageError("storage closed"))
                 elif item is not None:
@@ -747,7 +750,7 @@ class SqliteStorage:
         if self._closed or writer is None or not writer.running:
             raise StorageError("storage closed")
         reply = _ThreadReply(early=inbox is not None)
-        depends_on = inbox.uncommitted if inbox is not None else 0
+        depends_on = inbox.uncommitted if inbox is not None else (0, 0)
         if not writer.put(_Tx(fn, None, len(events), reply, execution_id, depends_on)):
             raise StorageError("storage closed")
         summary: ExecutionSummary = reply.wait()
@@ -1313,19 +1316,22 @@ class _EarlyResponses:
             self.complete = False
 
     def settle(self, committed: bool) -> None:
-        """The COMMIT succeeded or failed: the deferred early outcomes go out now."""
+        """The COMMIT succeeded (the deferred early outcomes go out now) or failed (they
+        are dropped: the batch's retry answers those callers with its own outcome)."""
         if not self.seq:
             return
         seq, self.seq = self.seq, 0
         deferred, self.deferred = self.deferred, {}
-        for replies in deferred.values():
-            for reply, summary in replies:
-                reply.set_early(summary, seq)
+        if committed:
+            for replies in deferred.values():
+                for reply, summary in replies:
+                    reply.set_early(summary, seq)
         self.commits.settle(seq, committed)
 
     def refused(self, tx: _Tx) -> bool:
         """Whether `tx` depends on a transaction that failed."""
-        return bool(tx.depends_on) and self.commits.failed(tx.depends_on)
+        low, high = tx.depends_on
+        return bool(high) and self.commits.failed_between(low, high)
 
 
 def _run_batch_counting(
@@ -1464,8 +1470,10 @@ def _linger(
         tx = more(remaining)
         if tx is None:
             return
-        outcome = _refusal() if early is not None and early.refused(tx) else _in_savepoint(conn, tx)
+        # In the batch first: should the savepoint itself fail, the batch is run again
+        # with everything it took from the queue.
         batch.append(tx)
+        outcome = _refusal() if early is not None and early.refused(tx) else _in_savepoint(conn, tx)
         outcomes.append(outcome)
         if tx.execution_id is not None:
             waiting.discard(tx.execution_id)

@@ -1178,9 +1178,10 @@ def _fast_memory(inst: Any) -> None:
         if p == 0 and n > 0:
             raise GuestMemoryError("qjs_alloc returned null")
         if n:
-            if p + n > size(context, memory):
+            address = p & 0xFFFFFFFF  # an i32: above 2 GiB it comes back negative
+            if address + n > size(context, memory):
                 raise IndexError("index out of range")
-            memmove(data(context, memory) + p, payload, n)
+            memmove(data(context, memory) + address, payload, n)
         return int(p)
 
     inst.read = read

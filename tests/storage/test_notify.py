@@ -47,6 +47,22 @@ def test_a_response_whose_commit_failed_is_never_confirmed() -> None:
     assert not inbox.wait_committed()  # for good: the run must stop
 
 
+def test_a_failed_commit_counts_even_when_a_later_one_succeeded() -> None:
+    """A run given responses of two transactions, the earlier of which failed, must not
+    go on (nor may its writes: `uncommitted` is the range the storage checks)."""
+    notifier = Notifier()
+    inbox = notifier.open_inbox("E_1")
+    failed, committed = notifier.commits.begin(), notifier.commits.begin()
+    notifier.post_responses("E_1", [response(1)], failed)
+    notifier.post_responses("E_1", [response(2)], committed)
+    notifier.commits.settle(failed, False)
+    notifier.commits.settle(committed, True)
+    assert inbox.take(0)[0] == [response(1), response(2)]
+    assert inbox.uncommitted == (failed, committed)
+    assert notifier.commits.failed_between(*inbox.uncommitted)
+    assert not inbox.wait_committed()
+
+
 def test_committed_responses_need_no_confirmation() -> None:
     notifier = Notifier()
     inbox = notifier.open_inbox("E_1")

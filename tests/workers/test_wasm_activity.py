@@ -377,9 +377,17 @@ def test_activities_load_on_the_pooled_engine_and_run() -> None:
         slots.release()
 
 
-def test_a_component_too_big_for_a_pooled_slot_runs_on_demand() -> None:
-    """A table larger than a slot's: pooled instantiation fails, on-demand works, so the
-    component is loaded on the fallback engine."""
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        ("big-table", f"(table {_POOL_TABLE_ELEMENTS + 1} funcref)"),
+        # more memories than a slot's share: it would fit an empty pool, not a busy one
+        ("three-memories", "(memory $a 1) (memory $b 1)"),
+    ],
+)
+def test_a_component_too_big_for_a_pooled_slot_runs_on_demand(name: str, extra: str) -> None:
+    """Pooled compilation or instantiation fails, on-demand works: the component is
+    loaded on the fallback engine."""
     wit = """\
 package testing:big;
 interface activity { go: func() -> result; }
@@ -387,11 +395,11 @@ world w { export activity; }
 """
     wat = f"""\
 (module
-  (table {_POOL_TABLE_ELEMENTS + 1} funcref)
   (memory (export "cm32p2_memory") 1)
+  {extra}
   (func (export "cm32p2|testing:big/activity|go") (result i32) (i32.const 0)))
 """
-    path = fx.build_component("big-table", {"w.wit": wit}, wat)
+    path = fx.build_component(name, {"w.wit": wit}, wat)
     with pytest.raises(ComponentLoadError):
         WasmEngine.activity_pool().verify_instantiable(
             WasmEngine.activity_pool().load_component(path)
