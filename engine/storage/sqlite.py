@@ -1483,7 +1483,8 @@ def _linger(
 
 
 def _in_savepoint(conn: sqlite3.Connection, tx: _Tx) -> _Outcome:
-    """One logical transaction in a savepoint of the open physical one."""
+    """One logical transaction in a savepoint of the open physical one: when it raises,
+    only its own writes (and its entries in the summary cache) are undone."""
     cache = _summaries(conn)
     saved = dict(cache.tx) if cache is not None else None
     notes = _Notes()
@@ -1523,20 +1524,8 @@ def _run_batch_savepoints_uncached(
     _begin(conn)
     try:
         for tx in batch:
-            if early is not None and early.refused(tx):
-                outcomes.append(_refusal())
-                continue
-            notes = _Notes()
-            conn.execute("SAVEPOINT tx")
-            try:
-                value = tx.fn(conn, notes)
-            except Exception as e:
-                conn.execute("ROLLBACK TO tx")
-                conn.execute("RELEASE tx")
-                outcomes.append((False, _translate(e), notes))
-            else:
-                conn.execute("RELEASE tx")
-                outcomes.append((True, value, notes))
+            refused = early is not None and early.refused(tx)
+            outcomes.append(_refusal() if refused else _in_savepoint(conn, tx))
         conn.execute("COMMIT")
     except sqlite3.Error as e:
         with contextlib.suppress(sqlite3.Error):
