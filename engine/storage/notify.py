@@ -84,8 +84,10 @@ class ResponseInbox:
     `poke`s: the run must read the database. `wake` (an interrupt) ends a `take`.
 
     A response may be posted while its transaction is still being made durable (`seq`
-    of `Commits`): the run may compute with it but writes nothing before
-    `wait_committed` says that it did commit."""
+    of `Commits`), and so may the outcome of the run's own write (`note_uncommitted`):
+    the run may compute with them. Its next writes carry `uncommitted`, and the storage
+    refuses them if one of those transactions failed; before anything else that depends
+    on them (a read of the database, the end of the run) it asks `wait_committed`."""
 
     __slots__ = ("_commits", "_cond", "_items", "_low", "_poked", "_seq", "_woken")
 
