@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from engine.workers import js_activity
 from engine.workers.js_activity import (
     HostPattern,
     JsActivityRunner,
@@ -617,3 +618,45 @@ def test_thread_loops_are_closed_quietly_when_the_process_exits() -> None:
             timeout=60,
         )
         assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+# ---------------------------------------------------------------------------
+# The faster guest-call path (engine.workers.quickjs_fast)
+# ---------------------------------------------------------------------------
+
+EQUIVALENCE = """
+export default async function (base, n) {
+  console.log("start", n);
+  const res = await fetch(`http://${base}/hello`);
+  const body = await res.json();
+  let acc = 0;
+  for (let i = 0; i < n; i++) acc += i;
+  return [acc, body.msg, res.status, 2n ** 60n, "é ✓ \\u0000", { nested: [1, null, true] },
+          process.env.GREETING];
+}
+"""
+
+
+@pytest.mark.parametrize("accelerate", [True, False])
+def test_fast_path_is_active_and_equivalent(
+    server: str, monkeypatch: pytest.MonkeyPatch, accelerate: bool
+) -> None:
+    seen: list[bool] = []
+    original_init = js_activity._Sandbox.__init__
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        seen.append(self.accelerated)
+
+    monkeypatch.setattr(js_activity._Sandbox, "__init__", spy)
+    monkeypatch.setattr(js_activity, "ACCELERATE", accelerate)
+    logs: list[LogLine] = []
+    out = run(
+        EQUIVALENCE, [server, 100], allowed_hosts=[server], env_vars={"GREETING": "hej"},
+        logs=logs,
+    )
+    assert seen and all(a == accelerate for a in seen)
+    assert out == RunOk(
+        [4950, "hi", 200, 2**60, "é ✓ \x00", {"nested": [1, None, True]}, "hej"]
+    )
+    assert [line.message for line in logs] == ["start 100"]
