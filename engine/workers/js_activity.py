@@ -72,6 +72,8 @@ Note on quickjs-rs internals: installing our own interrupt handler (for `cancel`
 the linear-memory limit use two private attributes (`Runtime._engine_rt`,
 `Context._engine_ctx._inst.store`) because quickjs-rs 0.2.6 has no public API for
 them (its own `memory_limit` is not enforced by this WASM build). The tests cover both.
+Sandboxes also take the leaner guest-call and memory paths of
+`engine.workers.quickjs_fast` (`ACCELERATE`; ~40 % of a trivial run's CPU).
 """
 
 from __future__ import annotations

@@ -126,11 +126,11 @@ run restores a heap image taken once after the prelude instead of compiling it),
 `USE_MODULE_IMAGE` (with it, a heap image taken once per runner and import table after
 the module loaded: no module compile per run, unless the module's top-level code made
 host calls or read the execution's id or random numbers before `__obelisk_init`, see
-`JsWorkflowRunner._module_image`) and `ACCELERATE` (a leaner guest-call path: cached
-export signatures, and the one-string host bridge read without quickjs-rs's generic
-marshalling). Images restore page-wise (`engine.workflow.js_heap`). With all of them a
-run costs ~2.5 ms of CPU alone, ~5 ms with a hundred at once, plus ~0.15-0.2 ms per host
-call (vs ~10 ms and ~0.4 ms without them; measured on a shared 2-core machine, so
+`JsWorkflowRunner._module_image`) and `ACCELERATE` (a leaner guest-call path and direct
+memory access, `engine.workers.quickjs_fast`, and the one-string host bridge read without
+quickjs-rs's generic marshalling). Images restore page-wise (`engine.workflow.js_heap`).
+With all of them a run costs ~2.5 ms of CPU alone, ~5 ms with a hundred at once, plus
+~0.09 ms per host call (vs ~10 ms and ~0.4 ms without them; measured on a shared 2-core machine, so
 indicative only).
 """
 
