@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -42,6 +43,7 @@ from engine.workers.outcome import (
     RunTimedOut,
     RunTrap,
 )
+from engine.workers.pool import RunPool
 
 log = logging.getLogger("obelisk.executor")
 T = TypeVar("T")
@@ -322,7 +324,11 @@ class ActivityExecutor(BaseExecutor):
         self._inflight[locked.execution_id] = (done, cancel)
         self.storage.subscribe_cancellations().add(locked.execution_id, cancel.set)
         try:
-            self.threads.submit(self._run_in_thread, locked, cancel, done)
+            job = functools.partial(self._run_in_thread, locked, cancel, done)
+            if isinstance(self.threads, RunPool):
+                self.threads.run_detached(job)  # no future: the run reports on its own
+            else:
+                self.threads.submit(job)
         except RuntimeError:  # the pool was shut down: the lock expires
             self._run_ended(locked, done, cancel)
 

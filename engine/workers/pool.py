@@ -125,6 +125,11 @@ class RunPool(Executor):
         self._put((box, fut, fn))
         return fut
 
+    def run_detached(self, fn: Callable[[], None]) -> None:
+        """Run `fn()` on a pool thread with nobody to tell: no future at all (a caller
+        that reports on its own, as an activity run does). An exception is logged."""
+        self._put((None, None, fn))
+
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         cf: Future[T] = Future()
         self._put((None, cf, lambda: fn(*args, **kwargs)))
@@ -195,6 +200,12 @@ class RunPool(Executor):
     @staticmethod
     def _run(job: tuple[Any, Any, Callable[[], Any]]) -> None:
         box, fut, fn = job
+        if fut is None:  # run_detached()
+            try:
+                fn()
+            except Exception:
+                log.exception("pool job failed")
+            return
         if box is None:  # submit(): a concurrent.futures.Future
             if not fut.set_running_or_notify_cancel():
                 return
@@ -214,6 +225,8 @@ class RunPool(Executor):
     @staticmethod
     def _cancel(job: tuple[Any, Any, Callable[[], Any]]) -> None:
         box, fut, _ = job
+        if fut is None:  # run_detached(): nobody waits
+            return
         if box is None:
             fut.cancel()
         else:

@@ -98,3 +98,25 @@ async def test_cancelled_waiter_does_not_break_delivery() -> None:
         assert await pool.run_async(lambda: 1) == 1
     finally:
         pool.shutdown(wait=False)
+
+
+def test_detached_jobs_run_and_a_failing_one_is_only_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = RunPool(4, core=1)
+    done = threading.Event()
+    ran: list[str] = []
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    def record() -> None:
+        ran.append(threading.current_thread().name)
+        done.set()
+
+    pool.run_detached(boom)
+    pool.run_detached(record)  # the same (only) core thread goes on
+    assert done.wait(5)
+    assert ran and ran[0].startswith("pool_")
+    assert any("pool job failed" in r.message for r in caplog.records)
+    pool.shutdown(wait=True, cancel_futures=True)
