@@ -259,6 +259,8 @@ class _DirectLock:
 class ActivityExecutor(BaseExecutor):
     """Runs the activities of one component."""
 
+    threads: RunPool
+
     def reserve(self, now: datetime) -> DirectLock | None:
         """A direct lock for an execution of this component about to be created at
         `now` (any thread), or None. Only while the executor waits with nothing due, so
@@ -324,11 +326,8 @@ class ActivityExecutor(BaseExecutor):
         self._inflight[locked.execution_id] = (done, cancel)
         self.storage.subscribe_cancellations().add(locked.execution_id, cancel.set)
         try:
-            job = functools.partial(self._run_in_thread, locked, cancel, done)
-            if isinstance(self.threads, RunPool):
-                self.threads.run_detached(job)  # no future: the run reports on its own
-            else:
-                self.threads.submit(job)
+            # No future: the run reports on its own.
+            self.threads.run_detached(functools.partial(self._run_in_thread, locked, cancel, done))
         except RuntimeError:  # the pool was shut down: the lock expires
             self._run_ended(locked, done, cancel)
 

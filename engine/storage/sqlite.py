@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import queue
@@ -324,7 +325,6 @@ class _Writer:
         self._queue: queue.SimpleQueue[_Tx | _Call | None] = queue.SimpleQueue()
         #: What `_more` took from the queue but could not add to a transaction.
         self._held: list[_Tx | _Call | None] = []
-        self._open_batch: list[_Tx] = []
         #: Serialises `put` against `stop`: nothing can be queued after the `None`.
         self._lock = threading.Lock()
         self._accepting = False
@@ -509,16 +509,17 @@ class _Writer:
                     carry = nxt
                     break
                 batch.append(nxt)
-            self._commit(conn, batch, None if stop or carry is not None else self._more)
+            more = None if stop or carry is not None else functools.partial(self._more, batch)
+            self._commit(conn, batch, more)
             if stop:
                 if self._later:
                     self._flush_later()
                 return
 
-    def _more(self, timeout: float) -> _Tx | None:
-        """A logical transaction to add to the open batch, waiting up to `timeout`
+    def _more(self, batch: list[_Tx], timeout: float) -> _Tx | None:
+        """A logical transaction to add to the open `batch`, waiting up to `timeout`
         seconds; None when none came (what came instead is handled after it)."""
-        if self._held or len(self._open_batch) >= self.max_batch:
+        if self._held or len(batch) >= self.max_batch:
             return None
         try:
             item = self._queue.get(timeout=timeout)
@@ -536,7 +537,6 @@ class _Writer:
         more: Callable[[float], _Tx | None] | None = None,
     ) -> None:
         posted = False
-        self._open_batch = batch
         try:
             outcomes, wrote, posted = _run_batch_counting(conn, batch, self.early, more)
             committed = True
@@ -1385,7 +1385,11 @@ def _hand_over_direct(outcomes: Sequence[tuple[bool, Any, _Notes]]) -> None:
 LINGER = 0.002
 
 
-def _refusal() -> _Outcome:
+def _refused(early: _EarlyResponses | None, tx: _Tx) -> _Outcome | None:
+    """The outcome of `tx` when it depends on a transaction that failed (it writes
+    nothing), else None."""
+    if early is None or not early.refused(tx):
+        return None
     return (False, Conflict("a response the run was given was not committed"), _Notes())
 
 
@@ -1401,8 +1405,8 @@ def _run_batch_plain(
     if early is not None:
         early.began()
     for tx in batch:
-        if early is not None and early.refused(tx):
-            outcomes.append(_refusal())  # it wrote nothing: the others stand
+        if (refusal := _refused(early, tx)) is not None:
+            outcomes.append(refusal)  # it wrote nothing: the others stand
             continue
         notes = _Notes()
         try:
@@ -1473,7 +1477,7 @@ def _linger(
         # In the batch first: should the savepoint itself fail, the batch is run again
         # with everything it took from the queue.
         batch.append(tx)
-        outcome = _refusal() if early is not None and early.refused(tx) else _in_savepoint(conn, tx)
+        outcome = _refused(early, tx) or _in_savepoint(conn, tx)
         outcomes.append(outcome)
         if tx.execution_id is not None:
             waiting.discard(tx.execution_id)
@@ -1524,8 +1528,7 @@ def _run_batch_savepoints_uncached(
     _begin(conn)
     try:
         for tx in batch:
-            refused = early is not None and early.refused(tx)
-            outcomes.append(_refusal() if refused else _in_savepoint(conn, tx))
+            outcomes.append(_refused(early, tx) or _in_savepoint(conn, tx))
         conn.execute("COMMIT")
     except sqlite3.Error as e:
         with contextlib.suppress(sqlite3.Error):

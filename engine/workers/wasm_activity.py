@@ -373,10 +373,14 @@ class WasmEngine:
         """Instantiate `component` once with the activity linker; `ComponentLoadError`
         naming the cause when that fails."""
         limit = time.monotonic() + timeout
-        with self.slot(lambda: "timeout" if time.monotonic() > limit else None) as got:
+
+        def check() -> str | None:
+            return "timeout" if time.monotonic() > limit else None
+
+        with self.slot(check) as got:
             if got is not None:
                 raise _NoFreeSlot("cannot instantiate component: no free instance slot")
-            store, _ = self.new_store(lambda: "timeout" if time.monotonic() > limit else None)
+            store, _ = self.new_store(check)
             store.set_wasi(wasmtime.WasiConfig())
             store.set_wasi_http()
             try:

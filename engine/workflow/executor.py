@@ -130,16 +130,18 @@ class WorkflowExecutor(BaseExecutor):
         # (SPEC §6.2): host calls extend the lock, spinning does not.
         spin_timeout = self.component.config.exec.lock_expiry_ms / 1000
         try:
-            self._finish(host, locked, runner.run(host, locked.params, spin_timeout=spin_timeout))
+            outcome = runner.run(host, locked.params, spin_timeout=spin_timeout)
+            self._finish(host, locked, outcome, spin_timeout)
         finally:
             # Writes may have been answered before they were durable: the run is over
             # once they are (or are known lost: a later run replays).
             host.wait_durable()
 
-    def _finish(self, host: ReplayHost, locked: LockedExecution, outcome: Any) -> None:
+    def _finish(
+        self, host: ReplayHost, locked: LockedExecution, outcome: Any, spin_timeout: float
+    ) -> None:
         from engine.workflow.js_runtime import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
 
-        spin_timeout = self.component.config.exec.lock_expiry_ms / 1000
         try:
             if host.aborted is not None or isinstance(outcome, WfAborted):
                 self._finish_aborted(host)

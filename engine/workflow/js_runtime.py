@@ -1009,7 +1009,7 @@ def _answer(answer: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
-# A faster guest-call path for quickjs-rs (optional)
+# The faster guest-call path (`engine.workers.quickjs_fast`)
 # ---------------------------------------------------------------------------
 
 #: Whether runs use `engine.workers.quickjs_fast` (tests compare both paths).
