@@ -1439,10 +1439,14 @@ def _with_parent(execution_id: str) -> tuple[str, ...]:
 
 
 async def _commit(conn: asyncpg.Connection, outcomes: list[Outcome], ident: _Ident) -> None:
-    """NOTIFY what the committed transactions changed, note the transaction id, COMMIT.
+    """NOTIFY what the committed transactions changed (nothing when none succeeded),
+    note the transaction id, COMMIT.
 
     The id lets the writer find out, after a connection lost during COMMIT, whether the
     batch is in the database (then its callers are acknowledged, not run again)."""
+    if not any(ok for ok, _, _ in outcomes):  # nothing changed: nobody to tell
+        xid = await conn.fetchval("SELECT pg_current_xact_id()::text")
+        return await _commit_noting(conn, outcomes, str(xid))
     payload = _Payload()
     for ok, _, notes in outcomes:
         if ok:
@@ -1453,11 +1457,16 @@ async def _commit(conn: asyncpg.Connection, outcomes: list[Outcome], ident: _Ide
     xid = await conn.fetchval(
         "SELECT pg_current_xact_id()::text FROM pg_notify($1, $2)", ident.channel, chunks[-1]
     )
+    await _commit_noting(conn, outcomes, str(xid))
+
+
+async def _commit_noting(conn: asyncpg.Connection, outcomes: list[Outcome], xid: str) -> None:
+    """COMMIT; a connection lost meanwhile leaves it to be asked whether `xid` committed."""
     try:
         await conn.execute("COMMIT")
     except Exception as e:
         if is_connection_error(e):
-            raise _CommitUnknown(str(xid), outcomes, e) from e
+            raise _CommitUnknown(xid, outcomes, e) from e
         raise
 
 

@@ -194,6 +194,21 @@ async def test_pending_work_wakes_another_process(opened: Opener) -> None:
     await asyncio.wait_for(waiter, 30)
 
 
+async def test_a_batch_that_changed_nothing_notifies_nobody(opened: Opener) -> None:
+    a, b = await opened(), await opened()
+    b.FINISHED_RECHECK_INTERVAL = 3600.0  # only the notification can wake it
+    request = create_request()
+    await a.create(request, at(0))  # one notification
+    [le] = await a.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(1)))  # one
+    with pytest.raises(StorageError):  # a stale version: this batch writes nothing
+        await a.append(le.execution_id, le.next_version - 1, [ev.Finished(OK)], at(2))
+    waiter = asyncio.create_task(b.wait_for_finished(request.execution_id, 600))
+    await a.append(le.execution_id, le.next_version, [ev.Finished(OK)], at(2))  # one
+    assert await asyncio.wait_for(waiter, 30) == OK
+    # Notifications arrive in commit order, so the failed append's would be counted.
+    assert b.stats["notifications"] == 3
+
+
 async def test_finished_result_reaches_a_waiter_in_another_process(opened: Opener) -> None:
     a, b = await opened(), await opened()
     b.FINISHED_RECHECK_INTERVAL = 3600.0  # only the notification can wake it
