@@ -9,8 +9,8 @@ The same contract as the SQLite backend, built the same way where that pays:
 - **Locking** of due executions is `SELECT … FOR UPDATE SKIP LOCKED`, so processes
   never wait for each other's batches; every append reads its row `FOR UPDATE` and
   checks the expected version there (optimistic concurrency, serialised per execution).
-- **Wake-ups across processes**: each batch sends one `NOTIFY` (delivered at commit, only
-  if it commits) naming the FFQNs with new pending work, executions with new responses,
+- **Wake-ups across processes**: each batch that changed something sends one `NOTIFY`
+  (delivered at commit, only if it commits) naming the FFQNs with new pending work, executions with new responses,
   finished executions, cancellations; every process `LISTEN`s and wakes its local
   waiters (`engine.storage.notify`). Waits still re-check now and then, as a safety net
   for notifications missed while the listening connection was being re-established.
