@@ -118,7 +118,7 @@ from engine.workers.outcome import (
     RunTimedOut,
     RunTrap,
 )
-from engine.workers.quickjs_fast import fast_guest_calls
+from engine.workers.quickjs_fast import fast_guest_calls, install_lazy_exports
 
 __all__ = [
     "DEFAULT_LOAD_TIMEOUT",
@@ -136,6 +136,8 @@ DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 """Limit of the guest's WASM linear memory (QuickJS heap, stack and interpreter data)."""
 #: Whether sandboxes use `engine.workers.quickjs_fast` (tests compare both paths).
 ACCELERATE = True
+#: Sandboxes wrap their exports when first used (`quickjs_fast.install_lazy_exports`).
+LAZY_EXPORTS = install_lazy_exports()
 
 DEFAULT_LOAD_TIMEOUT = 5.0
 """Seconds the module's top-level code may take during `check()`."""

@@ -8,15 +8,24 @@ ctypes array type per access, two copies). `fast_guest_calls(inst)` replaces bot
 instance with equivalents that cache the export signatures and copy once. Used by JS
 workflows (`engine.workflow.js_runtime`) and JS activities (`engine.workers.js_activity`);
 each has a switch the tests flip to check both paths give the same results.
+
+`install_lazy_exports()` (process-wide, for every QuickJS sandbox) makes a new instance
+look its exports up by name when first used, instead of wrapping all 55 of them up front.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+from wasmtime import _ffi as wasmtime_ffi
+from wasmtime._extern import wrap_extern
 
 from engine.workers.gil import _library, quick
 
-__all__ = ["fast_guest_calls"]
+__all__ = ["LazyExports", "fast_guest_calls", "install_lazy_exports"]
 
 
 _VAL_FIELDS = ("i32", "i64", "f32", "f64")
@@ -40,6 +49,31 @@ _QUICK_EXPORTS = frozenset(
 )
 
 
+@functools.cache
+def _call_bindings() -> dict[str, Any]:
+    """What every instance's `c` needs, looked up once per process."""
+    import wasmtime._func as wasmtime_func
+    from quickjs_rs import _engine as qjs_engine
+    from wasmtime import Trap, ValType, WasmtimeError
+
+    func_call = wasmtime_ffi.wasmtime_func_call
+    return {
+        "kinds": {
+            str(ValType.i32()): 0,
+            str(ValType.i64()): 1,
+            str(ValType.f32()): 2,
+            str(ValType.f64()): 3,
+        },
+        "cur": qjs_engine._CUR,
+        "func_call": func_call,
+        "quick_call": quick("wasmtime_func_call") or func_call,
+        "trap_ptr_t": ctypes.POINTER(wasmtime_ffi.wasm_trap_t),
+        "maybe_raise_last_exn": wasmtime_func.maybe_raise_last_exn,
+        "Trap": Trap,
+        "WasmtimeError": WasmtimeError,
+    }
+
+
 def fast_guest_calls(inst: Any) -> bool:
     """Replace `inst.c` (quickjs-rs's "call a guest export") by a leaner equivalent.
 
@@ -54,43 +88,35 @@ def fast_guest_calls(inst: Any) -> bool:
     Pinned to quickjs-rs 0.2.6 / wasmtime-py 50 (the tests check it is active).
     """
     try:
-        import ctypes
-
-        import wasmtime._func as wasmtime_func
-        from quickjs_rs import _engine as qjs_engine
-        from wasmtime import Trap, ValType, WasmtimeError
-        from wasmtime import _ffi as ffi
-
-        kinds = {
-            str(ValType.i32()): 0,
-            str(ValType.i64()): 1,
-            str(ValType.f32()): 2,
-            str(ValType.f64()): 3,
-        }
+        b = _call_bindings()
+        kinds = b["kinds"]
         store = inst.store
         exports = inst._exports
-        cur = qjs_engine._CUR
-        func_call = ffi.wasmtime_func_call
-        quick_call = quick("wasmtime_func_call") or func_call
-        val_t = ffi.wasmtime_val_t
-        trap_ptr_t = ctypes.POINTER(ffi.wasm_trap_t)
+        cur = b["cur"]
+        func_call = b["func_call"]
+        quick_call = b["quick_call"]
+        trap_ptr_t = b["trap_ptr_t"]
+        maybe_raise_last_exn = b["maybe_raise_last_exn"]
+        trap_class = b["Trap"]
+        error_class = b["WasmtimeError"]
+        val_t = wasmtime_ffi.wasmtime_val_t
         byref = ctypes.byref
-        maybe_raise_last_exn = wasmtime_func.maybe_raise_last_exn
+        raw_func = exports.raw_func if isinstance(exports, LazyExports) else None
         cache: dict[str, tuple[Any, tuple[int, ...], int, Any, Any, Any]] = {}
 
         def signature(name: str) -> tuple[Any, tuple[int, ...], int, Any, Any, Any]:
-            fn = exports[name]
             sig = _SIGNATURES.get(name)
             if sig is None:
-                ty = fn.type(store)
+                ty = exports[name].type(store)
                 params = tuple(kinds[str(p)] for p in ty.params)
                 results = tuple(kinds[str(r)] for r in ty.results)
                 if len(results) > 1:
                     raise TypeError(f"guest export {name} returns several values")
                 sig = (params, results[0] if results else -1, val_t * len(params), val_t * 1)
                 _SIGNATURES[name] = sig
+            func = raw_func(name) if raw_func is not None else exports[name]._func
             call = quick_call if name in _QUICK_EXPORTS else func_call
-            entry = (fn._func, *sig, call)
+            entry = (func, *sig, call)
             cache[name] = entry
             return entry
 
@@ -100,7 +126,7 @@ def fast_guest_calls(inst: Any) -> bool:
                 entry = signature(name)
             func, param_kinds, result_kind, params_t, results_t, call = entry
             if len(args) != len(param_kinds):
-                raise WasmtimeError(
+                raise error_class(
                     f"{name}: given {len(args)} parameters, expected {len(param_kinds)}"
                 )
             params = params_t()
@@ -124,9 +150,9 @@ def fast_guest_calls(inst: Any) -> bool:
                 )
                 if error:
                     maybe_raise_last_exn()
-                    raise WasmtimeError._from_ptr(error)
+                    raise error_class._from_ptr(error)
                 if trap:
-                    trap_obj = Trap._from_ptr(trap)
+                    trap_obj = trap_class._from_ptr(trap)
                     maybe_raise_last_exn()
                     raise trap_obj
             finally:
@@ -145,25 +171,33 @@ def fast_guest_calls(inst: Any) -> bool:
         return False
 
 
-def _fast_memory(inst: Any) -> None:
-    """Replace `inst.read` and `inst.alloc_write` by direct copies from and to the guest's
-    linear memory. wasmtime-py's `Memory.read`/`write` ask for the memory's size twice,
-    build a new ctypes array type per call and copy twice; this asks for the base
-    address and the size (GIL-keeping calls) and copies once. The base is asked for at
-    every access: the memory may grow and move. Same bounds checks and errors."""
-    import ctypes
-
-    from quickjs_rs._engine import QuickJSError as GuestMemoryError  # as `inst.read` raises
-
+@functools.cache
+def _memory_bindings() -> tuple[Any, Any] | None:
+    """GIL-keeping `wasmtime_memory_data` and `_data_size` taking plain addresses."""
     library = _library()
     if library is None:
-        return
+        return None
     data = library["wasmtime_memory_data"]  # a binding of its own: its restype is ours
     data.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     data.restype = ctypes.c_void_p
     size = library["wasmtime_memory_data_size"]
     size.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     size.restype = ctypes.c_size_t
+    return data, size
+
+
+def _fast_memory(inst: Any) -> None:
+    """Replace `inst.read` and `inst.alloc_write` by direct copies from and to the guest's
+    linear memory. wasmtime-py's `Memory.read`/`write` ask for the memory's size twice,
+    build a new ctypes array type per call and copy twice; this asks for the base
+    address and the size (GIL-keeping calls) and copies once. The base is asked for at
+    every access: the memory may grow and move. Same bounds checks and errors."""
+    from quickjs_rs._engine import QuickJSError as GuestMemoryError  # as `inst.read` raises
+
+    bindings = _memory_bindings()
+    if bindings is None:
+        return
+    data, size = bindings
     context = ctypes.cast(inst.store._context(), ctypes.c_void_p).value
     memory = ctypes.addressof(inst.mem._memory)
     string_at = ctypes.string_at
@@ -191,3 +225,82 @@ def _fast_memory(inst: Any) -> None:
     inst.alloc_write = alloc_write
 
 
+
+
+class LazyExports(Mapping[str, Any]):
+    """An instance's exports, each looked up by name when first asked for.
+
+    wasmtime-py's `Instance.exports()` wraps every export of the instance at once: for
+    the QuickJS guest's 55, ~260 µs, more than instantiating it (~20 µs). A run uses a
+    dozen or two. Iterating (which nobody here does) builds the full mapping."""
+
+    def __init__(self, store: Any, instance: Any) -> None:
+        self._store = store
+        self._instance = instance
+        self._found: dict[str, Any] = {}
+        self._all: Any = None
+
+    def __getitem__(self, name: str) -> Any:
+        found = self._found.get(name)
+        if found is None:
+            found = self._found[name] = wrap_extern(self._extern(name))
+        return found
+
+    def raw_func(self, name: str) -> Any:
+        """The `wasmtime_func_t` of function export `name`, without a `Func` around it
+        (what `fast_guest_calls` passes to `wasmtime_func_call`)."""
+        item = self._extern(name)
+        if item.kind != wasmtime_ffi.WASMTIME_EXTERN_FUNC.value:
+            raise KeyError(f"{name} is not a function")
+        return item.of.func
+
+    def _extern(self, name: str) -> Any:
+        raw = name.encode()
+        item = wasmtime_ffi.wasmtime_extern_t()
+        if not wasmtime_ffi.wasmtime_instance_export_get(
+            self._store._context(),
+            ctypes.byref(self._instance._instance),
+            raw,
+            len(raw),
+            ctypes.byref(item),
+        ):
+            raise KeyError(name)
+        return item
+
+    def _everything(self) -> Any:
+        if self._all is None:
+            from wasmtime._instance import InstanceExports
+
+            self._all = InstanceExports(self._store, self._instance)
+        return self._all
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._everything())
+
+    def __len__(self) -> int:
+        return len(self._everything())
+
+
+def install_lazy_exports() -> bool:
+    """Make quickjs-rs instantiate its sandboxes with `LazyExports` (idempotent; False
+    when this quickjs-rs does not instantiate the way 0.2.6 does)."""
+    try:
+        from quickjs_rs import _engine as qjs_engine
+        from quickjs_rs import _wasmtime as qjs_wasmtime
+    except ImportError:
+        return False
+    current = vars(qjs_engine).get("instantiate_wasm_artifact")
+    if getattr(current, "lazy_exports", False):
+        return True
+    if current is not qjs_wasmtime.instantiate_wasm_artifact:
+        return False  # not the function we know: leave it alone
+
+    def instantiate(artifact: Any, store: Any) -> Any:
+        instance = current(artifact, store)
+        if getattr(instance, "_exports", "?") is None:  # what `exports()` returns if set
+            instance._exports = LazyExports(store, instance)  # type: ignore[assignment]
+        return instance
+
+    instantiate.lazy_exports = True  # type: ignore[attr-defined]
+    qjs_engine.instantiate_wasm_artifact = instantiate  # type: ignore[attr-defined]
+    return True

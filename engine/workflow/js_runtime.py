@@ -166,7 +166,7 @@ from engine.workers.js_activity import (
     _trap_reason,
     warm_up,
 )
-from engine.workers.quickjs_fast import fast_guest_calls
+from engine.workers.quickjs_fast import fast_guest_calls, install_lazy_exports
 from engine.workflow.host_api import (
     AllProcessed,
     ChildResponse,
@@ -1014,6 +1014,9 @@ def _answer(answer: Any) -> dict[str, Any]:
 
 #: Whether runs use `engine.workers.quickjs_fast` (tests compare both paths).
 ACCELERATE = True
+#: Every QuickJS sandbox of the process wraps its exports when first used, not all at
+#: once (`quickjs_fast.install_lazy_exports`: ~0.25 ms less per sandbox).
+LAZY_EXPORTS = install_lazy_exports()
 
 
 # ---------------------------------------------------------------------------
