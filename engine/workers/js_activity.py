@@ -85,7 +85,9 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import re
+import secrets
 import threading
 import time
 import traceback
@@ -118,7 +120,12 @@ from engine.workers.outcome import (
     RunTimedOut,
     RunTrap,
 )
-from engine.workers.quickjs_fast import fast_guest_calls, install_lazy_exports
+from engine.workers.quickjs_fast import (
+    fast_guest_calls,
+    install_lazy_exports,
+    map_host_function,
+)
+from engine.workflow.js_heap import HeapImage, memory_of
 
 __all__ = [
     "DEFAULT_LOAD_TIMEOUT",
@@ -268,9 +275,33 @@ const G = globalThis;
 const hostLog = G.__obelisk_host_log;
 const hostFetch = G.__obelisk_host_fetch;
 const hostBody = G.__obelisk_host_body;
+const hostSeed = G.__obelisk_host_seed;
 delete G.__obelisk_host_log;
 delete G.__obelisk_host_fetch;
 delete G.__obelisk_host_body;
+delete G.__obelisk_host_seed;
+
+// Math.random: xoshiro128**, seeded by the host on first use (every run its own seed,
+// also when the sandbox starts from a heap image, which would repeat QuickJS's state).
+let rs = null;
+const rotl = (x, k) => (x << k) | (x >>> (32 - k));
+function next32() {
+  if (rs === null) {
+    rs = Uint32Array.from(hostSeed());
+    if ((rs[0] | rs[1] | rs[2] | rs[3]) === 0) rs[0] = 1;
+  }
+  const r = Math.imul(rotl(Math.imul(rs[1], 5), 7), 9) >>> 0;
+  const t = rs[1] << 9;
+  rs[2] ^= rs[0]; rs[3] ^= rs[1]; rs[1] ^= rs[2]; rs[0] ^= rs[3];
+  rs[2] ^= t; rs[3] = rotl(rs[3], 11);
+  return r;
+}
+Object.defineProperty(Math, "random", {
+  value: function random() {
+    return ((next32() >>> 5) * 67108864 + (next32() >>> 6)) / 9007199254740992;
+  },
+  writable: true, configurable: true, enumerable: false,
+});
 
 const BIGINT = "\u0000obelisk:bigint:";
 const replacer = (_k, v) => (typeof v === "bigint" ? BIGINT + v.toString() : v);
@@ -580,6 +611,64 @@ class _Aborted(Exception):
 # ---------------------------------------------------------------------------
 
 
+def _prelude_source(env_json: str) -> str:
+    return _PRELUDE.replace("__OBELISK_ENV__", env_json)
+
+
+def _host_seed() -> list[int]:
+    return [secrets.randbits(32) for _ in range(4)]
+
+
+_log = logging.getLogger("obelisk.js_activity")
+
+#: Whether sandboxes start from a heap image of the evaluated prelude (tests compare).
+USE_SNAPSHOT = True
+#: (memory limit, environment JSON) → the image, None when quickjs-rs cannot snapshot.
+_prelude_images: dict[tuple[int, str], HeapImage | None] = {}
+_prelude_lock = threading.Lock()
+_PRELUDE_IMAGES_KEPT = 64
+
+
+def _prelude_image(memory_limit: int, env_json: str, inst: Any) -> HeapImage | None:
+    """A heap image of a sandbox with the prelude evaluated, built on first use from the
+    fresh sandbox `inst`: restoring it costs ~0.25 ms, registering the host functions
+    and evaluating the prelude (which creates QuickJS's runtime) ~1.2 ms. The module
+    itself still loads in every run: its top-level code runs once per run, as before."""
+    key = (memory_limit, env_json)
+    if key in _prelude_images:
+        return _prelude_images[key]
+    with _prelude_lock:
+        if key in _prelude_images:
+            return _prelude_images[key]
+        fresh = memory_of(inst)
+        rt = Runtime(memory_limit=memory_limit)
+        image: HeapImage | None
+        try:
+            ctx = rt.new_context(timeout=60.0)
+            for name, is_async in (
+                ("__obelisk_host_log", False),
+                ("__obelisk_host_fetch", True),
+                ("__obelisk_host_body", False),
+                ("__obelisk_host_seed", False),
+            ):
+                ctx.register(name, _no_host_call, is_async=is_async)
+            ctx.eval(_prelude_source(env_json), filename="<prelude>")
+            image = HeapImage.capture(ctx._engine_ctx._inst, fresh)
+        except Exception:
+            _log.debug("no prelude heap image for JS activities", exc_info=True)
+            image = None
+        finally:
+            rt.close()
+        if len(_prelude_images) >= _PRELUDE_IMAGES_KEPT:
+            _prelude_images.clear()
+        _prelude_images[key] = image
+        return image
+
+
+def _no_host_call(*_args: Any) -> None:
+    raise RuntimeError("the prelude's image is taken without host calls")
+
+
 class _Sandbox:
     def __init__(
         self,
@@ -617,14 +706,30 @@ class _Sandbox:
             self._inst.store.set_limits(memory_size=memory_limit)
             #: Whether this sandbox uses `engine.workers.quickjs_fast` (~40 % of a run).
             self.accelerated = ACCELERATE and fast_guest_calls(self._inst)
-            self.ctx.register("__obelisk_host_log", self._host_log, is_async=False)
-            self.ctx.register("__obelisk_host_fetch", self._host_fetch, is_async=True)
-            self.ctx.register("__obelisk_host_body", self._host_body, is_async=False)
             env_json = "null" if env_vars is None else json.dumps(dict(env_vars))
-            self.ctx.eval(_PRELUDE.replace("__OBELISK_ENV__", env_json), filename="<prelude>")
+            image = _prelude_image(memory_limit, env_json, self._inst) if USE_SNAPSHOT else None
+            host_functions = self._host_functions()
+            self.from_snapshot = image is not None
+            if image is not None:
+                for name, (fn, is_async) in host_functions.items():
+                    map_host_function(self.ctx, name, fn, is_async=is_async)
+                image.restore(self._inst)
+            else:
+                for name, (fn, is_async) in host_functions.items():
+                    self.ctx.register(name, fn, is_async=is_async)
+                self.ctx.eval(_prelude_source(env_json), filename="<prelude>")
         except BaseException:
             self.close()
             raise
+
+    def _host_functions(self) -> dict[str, tuple[Callable[..., Any], bool]]:
+        """The prelude's host functions: name → (function, is async)."""
+        return {
+            "__obelisk_host_log": (self._host_log, False),
+            "__obelisk_host_fetch": (self._host_fetch, True),
+            "__obelisk_host_body": (self._host_body, False),
+            "__obelisk_host_seed": (_host_seed, False),
+        }
 
     # -- lifecycle --
 

@@ -25,7 +25,7 @@ from wasmtime._extern import wrap_extern
 
 from engine.workers.gil import _library, quick
 
-__all__ = ["LazyExports", "fast_guest_calls", "install_lazy_exports"]
+__all__ = ["LazyExports", "fast_guest_calls", "install_lazy_exports", "map_host_function"]
 
 
 _VAL_FIELDS = ("i32", "i64", "f32", "f64")
@@ -304,3 +304,18 @@ def install_lazy_exports() -> bool:
     instantiate.lazy_exports = True  # type: ignore[attr-defined]
     qjs_engine.instantiate_wasm_artifact = instantiate  # type: ignore[attr-defined]
     return True
+
+
+def map_host_function(ctx: Any, name: str, fn: Any, *, is_async: bool = False) -> None:
+    """The Python side of quickjs-rs 0.2.6's `Context.register`, for a sandbox restored
+    from a heap image whose guest already has the function `name` (the guest calls host
+    functions by name): its calls reach `fn`."""
+    fn_id = ctx._next_fn_id
+    ctx._next_fn_id += 1
+    ctx._host_registry[fn_id] = fn
+    inst = ctx._engine_ctx._inst
+    inst.name_to_fn_id[name] = fn_id
+    if is_async:
+        inst.async_names.add(name)
+    else:
+        inst.async_names.discard(name)

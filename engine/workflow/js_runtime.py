@@ -166,7 +166,11 @@ from engine.workers.js_activity import (
     _trap_reason,
     warm_up,
 )
-from engine.workers.quickjs_fast import fast_guest_calls, install_lazy_exports
+from engine.workers.quickjs_fast import (
+    fast_guest_calls,
+    install_lazy_exports,
+    map_host_function,
+)
 from engine.workflow.host_api import (
     AllProcessed,
     ChildResponse,
@@ -916,17 +920,6 @@ def _prelude_image(memory_limit: int, inst: Any) -> HeapImage | None:
         return image
 
 
-def _map_host_function(ctx: Any, name: str, fn: Callable[..., Any]) -> None:
-    """The Python side of quickjs-rs 0.2.6's `Context.register` (a sync function): the
-    by-name dispatch of the guest's host calls reaches `fn`."""
-    fn_id = ctx._next_fn_id
-    ctx._next_fn_id += 1
-    ctx._host_registry[fn_id] = fn
-    inst = ctx._engine_ctx._inst
-    inst.name_to_fn_id[name] = fn_id
-    inst.async_names.discard(name)
-
-
 class _BadArgs(Exception):
     """Malformed arguments reached the host bridge: becomes a JS TypeError."""
 
@@ -1095,7 +1088,7 @@ class _Run:
             # dispatcher is all a restored prelude's (restored) `__obelisk_host` needs.
             # (`register` would also make a JS function and set it on the global
             # object, three guest calls the restore then overwrites.)
-            _map_host_function(self.ctx, "__obelisk_host", self._dispatch)
+            map_host_function(self.ctx, "__obelisk_host", self._dispatch)
             image.restore(inst)
             self.from_snapshot = True
             self.module_loaded = image is self.module_image

@@ -671,10 +671,11 @@ RESTART_JS = """
 import { step } from "myapp:demo/activity";
 import { answer } from "myapp:demo/stubs";
 export default function restarted() {
+  // Each step outlasts the writer's linger (2 ms): with `interrupt`, every one unloads.
   let acc = 0;
-  for (let i = 1; i <= 3; i++) acc += step(i, 0);
+  for (let i = 1; i <= 3; i++) acc += step(i, 10);
   const s = answer("q");
-  for (let i = 4; i <= 6; i++) acc += step(i, 0);
+  for (let i = 4; i <= 6; i++) acc += step(i, 10);
   return acc + "-" + s + "-" + Date.now() % 1;
 }
 """
@@ -826,7 +827,7 @@ import {{ step }} from "myapp:demo/activity";
 export default function manySteps(n) {{
   let acc = 0;
   for (let i = 0; i < n; i++) {{
-    acc += step(i, 5);
+    acc += step(i, 12);  // 40 steps outlast the 400 ms lock, however fast the rest is
     // Compute a little between host calls, with non-blocking calls in between.
     let x = 0;
     for (let k = 0; k < 20000; k++) x += k % 7;

@@ -638,25 +638,46 @@ export default async function (base, n) {
 
 
 @pytest.mark.parametrize("accelerate", [True, False])
+@pytest.mark.parametrize("snapshot", [True, False])
 def test_fast_path_is_active_and_equivalent(
-    server: str, monkeypatch: pytest.MonkeyPatch, accelerate: bool
+    server: str, monkeypatch: pytest.MonkeyPatch, accelerate: bool, snapshot: bool
 ) -> None:
     seen: list[bool] = []
+    restored: list[bool] = []
     original_init = js_activity._Sandbox.__init__
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         seen.append(self.accelerated)
+        restored.append(self.from_snapshot)
 
     monkeypatch.setattr(js_activity._Sandbox, "__init__", spy)
     monkeypatch.setattr(js_activity, "ACCELERATE", accelerate)
+    monkeypatch.setattr(js_activity, "USE_SNAPSHOT", snapshot)
     logs: list[LogLine] = []
     out = run(
         EQUIVALENCE, [server, 100], allowed_hosts=[server], env_vars={"GREETING": "hej"},
         logs=logs,
     )
     assert seen and all(a == accelerate for a in seen)
+    assert restored and all(r == snapshot for r in restored)  # the prelude's heap image
     assert out == RunOk(
         [4950, "hi", 200, 2**60, "é ✓ \x00", {"nested": [1, None, True]}, "hej"]
     )
     assert [line.message for line in logs] == ["start 100"]
+
+
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_math_random_differs_from_run_to_run(
+    monkeypatch: pytest.MonkeyPatch, snapshot: bool
+) -> None:
+    # A sandbox restored from the prelude's heap image must not repeat QuickJS's
+    # random state: Math.random is seeded by the host in every run.
+    monkeypatch.setattr(js_activity, "USE_SNAPSHOT", snapshot)
+    src = "export default function draw(n) { return Array.from({ length: n }, Math.random); }"
+    runs = [run(src, [50]) for _ in range(3)]
+    values = [v for r in runs for v in (r.value if isinstance(r, RunOk) else [])]
+    assert len(values) == 150, runs
+    assert all(isinstance(v, float) and 0 <= v < 1 for v in values)
+    assert len(set(values)) == 150  # no run repeats another's sequence
+    assert 0.3 < sum(values) / len(values) < 0.7
