@@ -10,10 +10,11 @@ The same contract as the SQLite backend, built the same way where that pays:
   never wait for each other's batches; every append reads its row `FOR UPDATE` and
   checks the expected version there (optimistic concurrency, serialised per execution).
 - **Wake-ups across processes**: each batch that changed something sends one `NOTIFY`
-  (delivered at commit, only if it commits) naming the FFQNs with new pending work, executions with new responses,
-  finished executions, cancellations; every process `LISTEN`s and wakes its local
-  waiters (`engine.storage.notify`). Waits still re-check now and then, as a safety net
-  for notifications missed while the listening connection was being re-established.
+  (delivered at commit, only if it commits) naming the FFQNs with new pending work,
+  executions with new responses, finished executions, cancellations; every process
+  `LISTEN`s and wakes its local waiters (`engine.storage.notify`). Waits still re-check
+  now and then, as a safety net for notifications missed while the listening connection
+  was being re-established.
 - **Connection loss**: the writer reconnects with backoff and runs the interrupted batch
   again. A batch whose COMMIT was sent but not answered is looked up by its transaction
   id (`pg_xact_status`): committed writes are acknowledged, never run twice. Reads retry.

@@ -85,7 +85,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import logging
 import re
 import secrets
 import threading
@@ -125,7 +124,7 @@ from engine.workers.quickjs_fast import (
     install_lazy_exports,
     map_host_function,
 )
-from engine.workflow.js_heap import HeapImage, memory_of
+from engine.workflow.js_heap import SandboxImages
 
 __all__ = [
     "DEFAULT_LOAD_TIMEOUT",
@@ -615,58 +614,32 @@ def _prelude_source(env_json: str) -> str:
     return _PRELUDE.replace("__OBELISK_ENV__", env_json)
 
 
-def _host_seed() -> list[int]:
-    return [secrets.randbits(32) for _ in range(4)]
+#: The prelude's host functions: (global name, `_Sandbox` method, is async).
+_HOST_FUNCTIONS = (
+    ("__obelisk_host_log", "_host_log", False),
+    ("__obelisk_host_fetch", "_host_fetch", True),
+    ("__obelisk_host_body", "_host_body", False),
+    ("__obelisk_host_seed", "_host_seed", False),
+)
 
 
-_log = logging.getLogger("obelisk.js_activity")
-
-#: Whether sandboxes start from a heap image of the evaluated prelude (tests compare).
-USE_SNAPSHOT = True
-#: (memory limit, environment JSON) → the image, None when quickjs-rs cannot snapshot.
-_prelude_images: dict[tuple[int, str], HeapImage | None] = {}
-_prelude_lock = threading.Lock()
-_PRELUDE_IMAGES_KEPT = 64
-
-
-def _prelude_image(memory_limit: int, env_json: str, inst: Any) -> HeapImage | None:
-    """A heap image of a sandbox with the prelude evaluated, built on first use from the
-    fresh sandbox `inst`: restoring it costs ~0.25 ms, registering the host functions
-    and evaluating the prelude (which creates QuickJS's runtime) ~1.2 ms. The module
-    itself still loads in every run: its top-level code runs once per run, as before."""
-    key = (memory_limit, env_json)
-    if key in _prelude_images:
-        return _prelude_images[key]
-    with _prelude_lock:
-        if key in _prelude_images:
-            return _prelude_images[key]
-        fresh = memory_of(inst)
-        rt = Runtime(memory_limit=memory_limit)
-        image: HeapImage | None
-        try:
-            ctx = rt.new_context(timeout=60.0)
-            for name, is_async in (
-                ("__obelisk_host_log", False),
-                ("__obelisk_host_fetch", True),
-                ("__obelisk_host_body", False),
-                ("__obelisk_host_seed", False),
-            ):
-                ctx.register(name, _no_host_call, is_async=is_async)
-            ctx.eval(_prelude_source(env_json), filename="<prelude>")
-            image = HeapImage.capture(ctx._engine_ctx._inst, fresh)
-        except Exception:
-            _log.debug("no prelude heap image for JS activities", exc_info=True)
-            image = None
-        finally:
-            rt.close()
-        if len(_prelude_images) >= _PRELUDE_IMAGES_KEPT:
-            _prelude_images.clear()
-        _prelude_images[key] = image
-        return image
+def _prepare_prelude(key: tuple[int, str], ctx: Any) -> None:
+    for name, _, is_async in _HOST_FUNCTIONS:
+        ctx.register(name, _no_host_call, is_async=is_async)
+    ctx.eval(_prelude_source(key[1]), filename="<prelude>")
 
 
 def _no_host_call(*_args: Any) -> None:
     raise RuntimeError("the prelude's image is taken without host calls")
+
+
+#: Whether sandboxes start from a heap image of the evaluated prelude (tests compare).
+USE_SNAPSHOT = True
+#: (memory limit, environment JSON) → the prelude's heap image: restoring it costs
+#: ~0.25 ms, registering the host functions and evaluating the prelude (which creates
+#: QuickJS's runtime) ~1.2 ms. The module still loads in every run: its top-level code
+#: runs once per run, as before.
+_prelude_images = SandboxImages[tuple[int, str]](_prepare_prelude)
 
 
 class _Sandbox:
@@ -707,29 +680,30 @@ class _Sandbox:
             #: Whether this sandbox uses `engine.workers.quickjs_fast` (~40 % of a run).
             self.accelerated = ACCELERATE and fast_guest_calls(self._inst)
             env_json = "null" if env_vars is None else json.dumps(dict(env_vars))
-            image = _prelude_image(memory_limit, env_json, self._inst) if USE_SNAPSHOT else None
-            host_functions = self._host_functions()
+            image = (
+                _prelude_images.get((memory_limit, env_json), memory_limit, self._inst)
+                if USE_SNAPSHOT
+                else None
+            )
             self.from_snapshot = image is not None
-            if image is not None:
-                for name, (fn, is_async) in host_functions.items():
+            for name, method, is_async in _HOST_FUNCTIONS:
+                fn = getattr(self, method)
+                if image is not None:  # the restored guest has the function already
                     map_host_function(self.ctx, name, fn, is_async=is_async)
+                else:
+                    self.ctx.register(name, fn, is_async=is_async)
+            if image is not None:
                 image.restore(self._inst)
             else:
-                for name, (fn, is_async) in host_functions.items():
-                    self.ctx.register(name, fn, is_async=is_async)
                 self.ctx.eval(_prelude_source(env_json), filename="<prelude>")
         except BaseException:
             self.close()
             raise
 
-    def _host_functions(self) -> dict[str, tuple[Callable[..., Any], bool]]:
-        """The prelude's host functions: name → (function, is async)."""
-        return {
-            "__obelisk_host_log": (self._host_log, False),
-            "__obelisk_host_fetch": (self._host_fetch, True),
-            "__obelisk_host_body": (self._host_body, False),
-            "__obelisk_host_seed": (_host_seed, False),
-        }
+    @staticmethod
+    def _host_seed() -> list[int]:
+        """`Math.random`'s seed for this run."""
+        return [secrets.randbits(32) for _ in range(4)]
 
     # -- lifecycle --
 

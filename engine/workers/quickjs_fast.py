@@ -225,8 +225,6 @@ def _fast_memory(inst: Any) -> None:
     inst.alloc_write = alloc_write
 
 
-
-
 class LazyExports(Mapping[str, Any]):
     """An instance's exports, each looked up by name when first asked for.
 

@@ -18,10 +18,17 @@ Pinned to quickjs-rs 0.2.6's `_Instance` (`mem`, `store`, `sp`, `build_id`, `sna
 from __future__ import annotations
 
 import ctypes
+import logging
+import threading
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+from quickjs_rs import Runtime
 from quickjs_rs import _engine as qjs_engine
+
+log = logging.getLogger("obelisk.js_heap")
+K = TypeVar("K", bound=Hashable)
 
 PAGE = 4096
 _WASM_PAGE = 65536
@@ -96,3 +103,48 @@ class HeapImage:
         for offset, page in self.pages:
             move(base + offset, page, len(page))
         inst.sp.set_value(store, self.stack_pointer)
+
+
+class SandboxImages(Generic[K]):
+    """Heap images of sandboxes set up one way per key, each built once, on first use,
+    in a sandbox of its own: `prepare(key, context)` registers host functions and
+    evaluates code in a new context. None for a key whose image cannot be taken (runs
+    then set themselves up). At most `keep` keys are kept."""
+
+    def __init__(self, prepare: Callable[[K, Any], None], *, keep: int = 64) -> None:
+        self._prepare = prepare
+        self._keep = keep
+        self._images: dict[K, HeapImage | None] = {}
+        self._lock = threading.Lock()
+
+    def peek(self, key: K) -> HeapImage | None:
+        """The image of `key` if it was built."""
+        return self._images.get(key)
+
+    def get(self, key: K, memory_limit: int, inst: Any) -> HeapImage | None:
+        """The image of `key`; `inst` is a fresh sandbox of `memory_limit` (it tells
+        which pages such a sandbox has written before anything ran)."""
+        if key in self._images:
+            return self._images[key]
+        with self._lock:
+            if key in self._images:
+                return self._images[key]
+            fresh = memory_of(inst)
+            rt = Runtime(memory_limit=memory_limit)
+            image: HeapImage | None
+            try:
+                ctx = rt.new_context(timeout=_A_YEAR)
+                self._prepare(key, ctx)
+                image = HeapImage.capture(ctx._engine_ctx._inst, fresh)
+            except Exception:
+                log.debug("no heap image for %r", key, exc_info=True)
+                image = None
+            finally:
+                rt.close()
+            if len(self._images) >= self._keep:
+                self._images.clear()
+            self._images[key] = image
+            return image
+
+
+_A_YEAR = 365 * 24 * 3600.0

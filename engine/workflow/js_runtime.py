@@ -166,11 +166,10 @@ from engine.workers.js_activity import (
     _trap_reason,
     warm_up,
 )
-from engine.workers.quickjs_fast import (
-    fast_guest_calls,
-    install_lazy_exports,
-    map_host_function,
+from engine.workers.js_activity import (
+    LAZY_EXPORTS as LAZY_EXPORTS,  # `quickjs_fast.install_lazy_exports` (see below)
 )
+from engine.workers.quickjs_fast import fast_guest_calls, map_host_function
 from engine.workflow.host_api import (
     AllProcessed,
     ChildResponse,
@@ -184,7 +183,7 @@ from engine.workflow.host_api import (
     WorkflowCallError,
     WorkflowHost,
 )
-from engine.workflow.js_heap import HeapImage, memory_of
+from engine.workflow.js_heap import HeapImage, SandboxImages
 
 # Memory reads and writes, export lookups and type conversions of every guest call and
 # host callback keep the GIL (`engine.workers.gil`).
@@ -890,34 +889,14 @@ USE_SNAPSHOT = True
 #: (only with `USE_SNAPSHOT`; tests compare both).
 USE_MODULE_IMAGE = True
 
-_prelude_images: dict[int, HeapImage | None] = {}
-_prelude_lock = threading.Lock()
+def _prepare_prelude(_memory_limit: int, ctx: Any) -> None:
+    ctx.register("__obelisk_host", lambda _request: _ABORT_REPLY, is_async=False)
+    ctx.eval(_PRELUDE_SOURCE, filename="<obelisk:prelude>")
 
 
-def _prelude_image(memory_limit: int, inst: Any) -> HeapImage | None:
-    """A QuickJS heap image with the prelude evaluated (one per memory limit, built on
-    first use from the fresh sandbox `inst`): restoring it is much cheaper than compiling
-    and running the prelude in every run. None when quickjs-rs cannot snapshot."""
-    if memory_limit in _prelude_images:
-        return _prelude_images[memory_limit]
-    with _prelude_lock:
-        if memory_limit in _prelude_images:
-            return _prelude_images[memory_limit]
-        fresh = memory_of(inst)
-        rt = Runtime(memory_limit=memory_limit)
-        image: HeapImage | None
-        try:
-            ctx = rt.new_context(timeout=_FOREVER)
-            ctx.register("__obelisk_host", lambda _request: _ABORT_REPLY, is_async=False)
-            ctx.eval(_PRELUDE_SOURCE, filename="<obelisk:prelude>")
-            image = HeapImage.capture(ctx._engine_ctx._inst, fresh)
-        except Exception:
-            log.debug("no prelude heap image", exc_info=True)
-            image = None
-        finally:
-            rt.close()
-        _prelude_images[memory_limit] = image
-        return image
+#: Heap images with the prelude evaluated, one per memory limit: restoring one is much
+#: cheaper than compiling and running the prelude in every run.
+_prelude_images = SandboxImages[int](_prepare_prelude)
 
 
 class _BadArgs(Exception):
@@ -1007,9 +986,8 @@ def _answer(answer: Any) -> dict[str, Any]:
 
 #: Whether runs use `engine.workers.quickjs_fast` (tests compare both paths).
 ACCELERATE = True
-#: Every QuickJS sandbox of the process wraps its exports when first used, not all at
-#: once (`quickjs_fast.install_lazy_exports`: ~0.25 ms less per sandbox).
-LAZY_EXPORTS = install_lazy_exports()
+# Every QuickJS sandbox of the process wraps its exports when first used, not all at
+# once: `LAZY_EXPORTS`, installed by `engine.workers.js_activity` (imported above).
 
 
 # ---------------------------------------------------------------------------
@@ -1082,7 +1060,9 @@ class _Run:
         self.accelerated = ACCELERATE and fast_guest_calls(inst) and self._fast_host_call(inst)
         image = None
         if USE_SNAPSHOT:
-            image = self.module_image or _prelude_image(runner.memory_limit, inst)
+            image = self.module_image or _prelude_images.get(
+                runner.memory_limit, runner.memory_limit, inst
+            )
         if image is not None:
             # The guest calls host functions by name: mapping the name to this run's
             # dispatcher is all a restored prelude's (restored) `__obelisk_host` needs.
@@ -1591,7 +1571,7 @@ class JsWorkflowRunner:
         try:
             _run_coroutine(load)
             # Restored from the prelude's image, so the one that knows a fresh sandbox.
-            prelude = _prelude_images.get(self.memory_limit) if template.from_snapshot else None
+            prelude = _prelude_images.peek(self.memory_limit) if template.from_snapshot else None
             if (
                 prelude is None
                 or template.dispatched
