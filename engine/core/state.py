@@ -10,7 +10,7 @@ read, never a log scan. `replay` rebuilds a summary from scratch (tests, repairs
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -290,6 +290,17 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
             n.underlying = Locked(exr, run, expires)
             n.last_lock = lock
             n.retry_config = event.retry_config
+        case ev.Unlocked(backoff_expires_at=at) if _waiting_run(u) is not None:
+            # A run waiting in memory for a response (`await`) let go of the execution,
+            # or its process died (`released_waiting_run`): a response makes the
+            # execution due at once instead of at that run's lock expiry.
+            if isinstance(u, BlockedByJoinSet):
+                n.underlying = BlockedByJoinSet(
+                    u.join_set_id, min(u.lock_expires_at, at), u.closing
+                )
+            else:
+                assert isinstance(u, PendingAt)
+                n.underlying = PendingAt(min(u.scheduled_at, at))
         case (
             ev.Unlocked(backoff_expires_at=at)
             | ev.TemporarilyTimedOut(backoff_expires_at=at)
@@ -482,6 +493,16 @@ def on_temporary_failure(
     return ev.TemporarilyFailed(at, reason, detail)
 
 
+def _waiting_run(u: Underlying | Finished) -> LockRef | None:
+    """The warm run that may still continue the execution without a new lock: blocked
+    on a join set in memory (`await`), or unblocked by a response and not yet back."""
+    if isinstance(u, BlockedByJoinSet):
+        return u.blocked_run
+    if isinstance(u, PendingAt):
+        return u.last_lock
+    return None
+
+
 def on_lock_expired(s: ExecutionSummary, now: datetime) -> ev.Event:
     """What the timers watcher appends for an execution whose lock expired."""
     if s.is_workflow and s.progressed_since_lock:
@@ -489,6 +510,42 @@ def on_lock_expired(s: ExecutionSummary, now: datetime) -> ev.Event:
     return on_temporary_failure(
         s, now, "timed out", "", ev.ExecutionFailure("timed_out", "lock expired"), timed_out=True
     )
+
+
+#: The reason of the `unlocked` that drops the claim of a run whose executor is gone.
+EXECUTOR_DIED = "executor died"
+
+
+def on_executor_died(
+    s: ExecutionSummary, dead_executors: Container[str], now: datetime
+) -> ev.Event | None:
+    """What to append for an execution that a run of one of `dead_executors` (whose
+    process is known to have died) still holds, or None when it holds nothing of it.
+
+    A lock of a dead run is handled as if it had expired now (`on_lock_expired`; a
+    cancelling execution finishes `cancelled`, as the timers watcher does). A run that
+    was waiting for a response in memory keeps a claim until its lock's expiry (SPEC
+    §4.2: the warm run may continue first); a dead one's claim is dropped with
+    `unlocked`, so that the execution is due as soon as its response is there.
+    """
+    u = s.underlying
+    if isinstance(u, Locked):
+        if u.executor_id not in dead_executors:
+            return None
+        if s.cancelling:
+            return ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
+        return on_lock_expired(s, now)
+    run = _waiting_run(u)
+    if run is None or run.executor_id not in dead_executors:
+        return None
+    if isinstance(u, BlockedByJoinSet):
+        claim_until = u.lock_expires_at
+    else:
+        assert isinstance(u, PendingAt)
+        claim_until = u.scheduled_at
+    if claim_until <= now:
+        return None  # nothing to wait for any more
+    return ev.Unlocked(now, EXECUTOR_DIED)
 
 
 def replay_stored(

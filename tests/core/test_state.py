@@ -33,6 +33,8 @@ from engine.core.state import (
     created_summary,
     interleave_stored,
     is_done_one_off,
+    EXECUTOR_DIED,
+    on_executor_died,
     on_lock_expired,
     on_temporary_failure,
     one_off_k,
@@ -328,10 +330,50 @@ def test_release_from_locked(release: ev.Event) -> None:
 @pytest.mark.parametrize("release", RELEASES, ids=lambda e: type(e).__name__)
 def test_release_only_from_locked(release: ev.Event) -> None:
     Log().rejects(release, match="needs a locked execution")
-    workflow_blocked().rejects(release, 3)
     Log().e(ev.Paused()).rejects(release)
-    workflow_blocked().e(ev.Paused(), 3).rejects(release, 3)
     Log().e(ev.CancellationRequested()).rejects(release)
+    if not isinstance(release, ev.Unlocked):  # a waiting run may let go: below
+        workflow_blocked().rejects(release, 3)
+        workflow_blocked().e(ev.Paused(), 3).rejects(release, 3)
+        workflow_blocked().r(child_done("g:1"), 5).rejects(release, 6)
+
+
+def test_unlocked_drops_the_claim_of_a_blocked_run() -> None:
+    """A run blocked in memory (`await`) that lets go: the response that comes later
+    makes the execution due at once, not at the run's lock expiry (+30 s)."""
+    log = workflow_blocked().e(ev.Unlocked(at(4), "executor died"), 4)
+    assert log.state == BlockedByJoinSet("g:1", at(4), False, None)
+    assert log.s.temporary_event_count == 0
+    log.r(child_done("g:1"), 5)
+    assert log.state == PendingAt(at(5), None)
+    # the run that let go cannot come back as the warm run
+    log.rejects(lock(component=WF, expires=60), now=4)
+    log.e(lock("Exr_B", "Run_2", component=WF, expires=60), now=6)
+    # once the claim is gone, there is nothing more to let go of
+    workflow_blocked().e(ev.Unlocked(at(4), "x"), 4).rejects(ev.Unlocked(at(4), "x"), 4)
+
+
+def test_unlocked_drops_the_claim_of_an_unblocked_run_that_did_not_come_back() -> None:
+    log = workflow_blocked().r(child_done("g:1"), 5)
+    assert log.state == PendingAt(at(30), A)
+    log.e(ev.Unlocked(at(6), "executor died"), 6)
+    assert log.state == PendingAt(at(6), None)
+    log.e(lock("Exr_B", "Run_2", component=WF, expires=60), now=7)
+    assert not log.s.progressed_since_lock  # a new run, not the warm one
+
+
+def test_unlocked_of_a_waiting_run_never_delays() -> None:
+    log = workflow_blocked().e(ev.Unlocked(at(100), "x"), 4)
+    assert log.state == BlockedByJoinSet("g:1", at(30), False, None)
+    log = workflow_blocked().r(child_done("g:1"), 5).e(ev.Unlocked(at(100), "x"), 6)
+    assert log.state == PendingAt(at(30), None)
+
+
+def test_unlocked_of_a_waiting_run_while_paused_keeps_the_pause() -> None:
+    log = workflow_blocked().e(ev.Paused(), 3).e(ev.Unlocked(at(4), "x"), 4)
+    assert log.state == Paused(BlockedByJoinSet("g:1", at(4), False, None))
+    log.r(child_done("g:1"), 5).e(ev.Unpaused(), 6)
+    assert log.state == PendingAt(at(5), None)
 
 
 def test_temporary_event_count_accumulates() -> None:
@@ -1075,6 +1117,40 @@ def test_lock_expired_workflow_without_progress_times_out_forever() -> None:
             ev.Locked(WF, "Exr_A", f"Run_{i + 1}", due + timedelta(seconds=30), WORKFLOW_RETRY), due
         )
     assert log.s.temporary_event_count == 7
+
+
+def test_executor_died_lock_expires_now() -> None:
+    dead = {"Exr_A"}
+    log = locked_log(WF, retry=WORKFLOW_RETRY).e(create("g:1"), 1)
+    assert on_executor_died(log.s, {"Exr_B"}, at(2)) is None  # someone else's lock
+    assert on_executor_died(log.s, dead, at(2)) == ev.Unlocked(at(2), "made progress")
+    activity = locked_log(retry=RETRY)
+    assert on_executor_died(activity.s, dead, at(2)) == ev.TemporarilyTimedOut(at(3))
+    cancelling = locked_log(retry=RETRY).e(ev.CancellationRequested(), 1)
+    out = on_executor_died(cancelling.s, dead, at(2))
+    assert out == ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
+
+
+def test_executor_died_drops_the_claims_of_waiting_runs() -> None:
+    dead = {"Exr_A"}
+    blocked = workflow_blocked()
+    assert on_executor_died(blocked.s, {"Exr_B"}, at(4)) is None
+    out = on_executor_died(blocked.s, dead, at(4))
+    assert out == ev.Unlocked(at(4), EXECUTOR_DIED)
+    blocked.e(out, 4)  # legal
+    assert on_executor_died(blocked.s, dead, at(5)) is None  # nothing left to drop
+    assert on_executor_died(workflow_blocked().s, dead, at(30)) is None  # claim over
+    unblocked = workflow_blocked().r(child_done("g:1"), 5)
+    out = on_executor_died(unblocked.s, dead, at(6))
+    assert out == ev.Unlocked(at(6), EXECUTOR_DIED)
+    unblocked.e(out, 6)
+    assert unblocked.state == PendingAt(at(6), None)
+    paused = workflow_blocked().e(ev.Paused(), 3)
+    assert on_executor_died(paused.s, dead, at(4)) == ev.Unlocked(at(4), EXECUTOR_DIED)
+    # pending (retry backoff) or finished: no run holds anything
+    released = locked_log().e(ev.TemporarilyFailed(at(10), "trap", ""), 1)
+    assert on_executor_died(released.s, dead, at(2)) is None
+    assert on_executor_died(locked_log().e(ev.Finished(ev.ResultOk(1)), 1).s, dead, at(2)) is None
 
 
 def test_lock_expired_activity_times_out_then_finishes() -> None:

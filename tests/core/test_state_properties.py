@@ -176,6 +176,8 @@ class Model:
             acts.append((3, self.extend))
         if isinstance(u, Locked):
             acts += [(2, self.release), (2, self.lock_expires)]
+        if self.waiting_run is not None:
+            acts.append((1, self.release_waiting_run))
         if self.may_write_history:
             acts += [(2, self.create_join_set), (2, self.other_history), (5, self.direct_call)]
             if self.join_sets:
@@ -236,6 +238,28 @@ class Model:
             self.temporary += 1
         self.append(e)
         self.u = PendingAt(at)  # the run ended: no warm run may extend
+
+    @property
+    def waiting_run(self) -> LockRef | None:
+        """A run blocked in memory, or unblocked by a response and not back yet."""
+        u = self.u
+        if isinstance(u, BlockedByJoinSet):
+            return u.blocked_run
+        if isinstance(u, PendingAt):
+            return u.last_lock
+        return None
+
+    def release_waiting_run(self, data: st.DataObject) -> None:
+        """The waiting run lets go (executor closing) or its process died."""
+        self.now += self.draw_seconds(5)
+        at = self.now + self.draw_seconds()
+        self.append(ev.Unlocked(at, "executor died"))
+        u = self.u
+        if isinstance(u, BlockedByJoinSet):
+            self.u = BlockedByJoinSet(u.join_set_id, min(u.lock_expires_at, at), u.closing)
+        else:
+            assert isinstance(u, PendingAt)
+            self.u = PendingAt(min(u.scheduled_at, at))
 
     def lock_expires(self, data: st.DataObject) -> None:
         """The timers watcher (SPEC §6.3)."""
@@ -441,11 +465,9 @@ class Model:
                 ev.Paused(),
             ]
         else:
-            c += [
-                ev.Unlocked(now, "x"),
-                ev.TemporarilyFailed(now, "x"),
-                ev.TemporarilyTimedOut(now),
-            ]
+            c += [ev.TemporarilyFailed(now, "x"), ev.TemporarilyTimedOut(now)]
+            if self.waiting_run is None:  # only a run can let go
+                c.append(ev.Unlocked(now, "x"))
         if isinstance(u, BlockedByJoinSet):
             c.append(fresh)
             if u.blocked_run:
