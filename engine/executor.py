@@ -23,11 +23,17 @@ from engine.components import LoadedComponent
 from engine.core import events as ev
 from engine.core.clock import Clock
 from engine.core.ids import new_executor_id, new_run_id
-from engine.core.state import Locked, on_lock_expired, on_temporary_failure
+from engine.core.state import (
+    Locked,
+    expired_lock_event,
+    on_executor_died,
+    on_temporary_failure,
+)
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
     DirectLock,
+    ExecutorLease,
     LockedExecution,
     NotFound,
     Storage,
@@ -133,6 +139,7 @@ class BaseExecutor:
         #: Slots promised to direct locks whose transaction has not committed yet.
         self._reserved = 0
         self._reserve_lock = threading.Lock()
+        self._lease: ExecutorLease | None = None
 
     @property
     def name(self) -> str:
@@ -141,6 +148,8 @@ class BaseExecutor:
     def start(self) -> None:
         # Which process holds a lock, when several share one database (SPEC §6).
         log.info("executor %s started: %s", self.name, self.executor_id)
+        # Before the first lock: other processes must not mistake it for a dead one.
+        self._lease = self.storage.hold_executor_lease(self.executor_id)
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run_loop(), name=f"executor {self.name}")
 
@@ -234,6 +243,9 @@ class BaseExecutor:
             for execution_id, (f, _) in list(self._inflight.items()):
                 if f.done():  # ended without taking itself out: it must not loop here
                     del self._inflight[execution_id]
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
 
 class _DirectLock:
@@ -466,15 +478,19 @@ def _ok_type(return_type: Any) -> Any:
 
 
 class TimersWatcher:
-    """Expired locks and due delays (SPEC §6.3), every 100 ms at a 500 ms leeway."""
+    """Expired locks and due delays (SPEC §6.3), every 100 ms at a 500 ms leeway; and,
+    at start and every second, the executors whose process died (`engine.storage.leases`):
+    what they held is released at once instead of when their locks expire."""
 
     INTERVAL = 0.1
     LEEWAY = timedelta(milliseconds=500)
+    DEAD_EXECUTORS_INTERVAL = timedelta(seconds=1)
 
     def __init__(self, storage: Storage, clock: Clock) -> None:
         self.storage = storage
         self.clock = clock
         self._task: asyncio.Task[None] | None = None
+        self._next_dead_check: datetime | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="timers watcher")
@@ -490,16 +506,14 @@ class TimersWatcher:
     async def tick(self) -> int:
         """One pass; returns how many timers it handled (tests call it directly)."""
         now = self.clock.now()
+        released = 0
+        if self._next_dead_check is None or now >= self._next_dead_check:
+            self._next_dead_check = now + self.DEAD_EXECUTORS_INTERVAL
+            released = await self.release_dead_executors(now)
         locks, delays = await self.storage.expired_timers(now - self.LEEWAY)
         jobs: list[Awaitable[object]] = []
         for lock in locks:
-            s = lock.summary
-            if s.cancelling:
-                event: ev.Event = ev.Finished(
-                    ev.ExecutionFailure("cancelled", "cancellation requested")
-                )
-            else:
-                event = on_lock_expired(s, now)
+            event = expired_lock_event(lock.summary, now)
             jobs.append(self.storage.append(lock.execution_id, lock.next_version, [event], now))
         for delay in delays:
             jobs.append(
@@ -509,6 +523,32 @@ class TimersWatcher:
                     now,
                 )
             )
+        for result in await asyncio.gather(*jobs, return_exceptions=True):
+            if isinstance(result, Exception) and not isinstance(result, Conflict | NotFound):
+                log.error("timers watcher: %s", result)
+        return released + len(jobs)
+
+    async def release_dead_executors(self, now: datetime) -> int:
+        """Release what executors of dead processes hold (`on_executor_died`); forget
+        the leases of those that hold nothing any more. Returns how many executions."""
+        dead = await self.storage.dead_executors()
+        if not dead:
+            return 0
+        held = await self.storage.held_by_executors(dead)
+        jobs = []
+        for h in held:
+            event = on_executor_died(h.summary, dead, now)
+            if event is not None:
+                jobs.append(self.storage.append(h.execution_id, h.next_version, [event], now))
+        if not jobs:
+            await self.storage.forget_executors(dead)
+            return 0
+        log.warning(  # a process died without stopping: worth an operator's attention
+            "released %d executions held by %d executors of a process that died: %s",
+            len(jobs),
+            len(dead),
+            ", ".join(sorted(dead)),
+        )
         for result in await asyncio.gather(*jobs, return_exceptions=True):
             if isinstance(result, Exception) and not isinstance(result, Conflict | NotFound):
                 log.error("timers watcher: %s", result)

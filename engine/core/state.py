@@ -512,6 +512,14 @@ def on_lock_expired(s: ExecutionSummary, now: datetime) -> ev.Event:
     )
 
 
+def expired_lock_event(s: ExecutionSummary, now: datetime) -> ev.Event:
+    """What the timers watcher appends for an expired lock: a cancelling execution is
+    finished `cancelled` (SPEC §8), anything else as `on_lock_expired` says."""
+    if s.cancelling:
+        return ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
+    return on_lock_expired(s, now)
+
+
 #: The reason of the `unlocked` that drops the claim of a run whose executor is gone.
 EXECUTOR_DIED = "executor died"
 
@@ -522,19 +530,14 @@ def on_executor_died(
     """What to append for an execution that a run of one of `dead_executors` (whose
     process is known to have died) still holds, or None when it holds nothing of it.
 
-    A lock of a dead run is handled as if it had expired now (`on_lock_expired`; a
-    cancelling execution finishes `cancelled`, as the timers watcher does). A run that
+    A lock of a dead run is handled as if it had expired now (`expired_lock_event`). A run that
     was waiting for a response in memory keeps a claim until its lock's expiry (SPEC
     §4.2: the warm run may continue first); a dead one's claim is dropped with
     `unlocked`, so that the execution is due as soon as its response is there.
     """
     u = s.underlying
     if isinstance(u, Locked):
-        if u.executor_id not in dead_executors:
-            return None
-        if s.cancelling:
-            return ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
-        return on_lock_expired(s, now)
+        return expired_lock_event(s, now) if u.executor_id in dead_executors else None
     run = _waiting_run(u)
     if run is None or run.executor_id not in dead_executors:
         return None

@@ -317,6 +317,24 @@ class Storage(Protocol):
     async def next_timer_at(self) -> datetime | None:
         """The earliest lock expiry, delay expiry or pending time (for sleeping watchers)."""
 
+    # -- executor liveness: a dead process's locks are released at once ------------------
+    def hold_executor_lease(self, executor_id: str) -> ExecutorLease:
+        """Mark `executor_id` alive until the lease is released (the executor stopped)
+        or its process dies, which other processes (and this one, after a restart) learn
+        from `dead_executors`. A backend without leases returns one that does nothing:
+        the locks of a dead process then wait for their expiry (SPEC §6.3)."""
+
+    async def dead_executors(self) -> set[str]:
+        """Executors known to be dead: their process ended without releasing its lease."""
+
+    async def held_by_executors(self, executor_ids: set[str]) -> list[ExpiredLock]:
+        """Unfinished executions that a run of one of `executor_ids` holds: locked by it,
+        or claimed by a run waiting for a response (`engine.core.state.on_executor_died`
+        decides what each gets). May include a few that it no longer holds."""
+
+    async def forget_executors(self, executor_ids: set[str]) -> None:
+        """Drop the leases of dead executors that hold nothing any more."""
+
     # -- reads --------------------------------------------------------------
     async def get_summary(self, execution_id: str) -> ExecutionSummary: ...
 
@@ -398,6 +416,11 @@ class Storage(Protocol):
     def subscribe_cancellations(self) -> CancellationListener: ...
 
     def changes(self) -> ChangeFeed: ...
+
+
+class ExecutorLease(Protocol):
+    def release(self) -> None:
+        """The executor stopped and released its runs: it is gone, not dead."""
 
 
 class CancellationListener(Protocol):

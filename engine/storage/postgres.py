@@ -79,6 +79,7 @@ from engine.storage.contract import (
     CreateRequest,
     DirectLock,
     ExecutionRow,
+    ExecutorLease,
     ExpiredDelay,
     ExpiredLock,
     ListFilter,
@@ -409,6 +410,14 @@ class _Payload:
 # ---------------------------------------------------------------------------------------
 # The storage
 # ---------------------------------------------------------------------------------------
+
+
+class _NoLease:
+    def release(self) -> None:
+        return None
+
+
+_NO_LEASE = _NoLease()
 
 
 class PostgresStorage:
@@ -977,6 +986,21 @@ class PostgresStorage:
         )
         value = rows[0][0]
         return None if value is None else dt(value)
+
+    # -- executor liveness -------------------------------------------------------------------
+    # Not kept here (yet): the servers may be on several hosts, where file locks do not
+    # reach. The locks of a dead server are released when they expire (SPEC §6.3).
+    def hold_executor_lease(self, executor_id: str) -> ExecutorLease:
+        return _NO_LEASE
+
+    async def dead_executors(self) -> set[str]:
+        return set()
+
+    async def held_by_executors(self, executor_ids: set[str]) -> list[ExpiredLock]:
+        return []
+
+    async def forget_executors(self, executor_ids: set[str]) -> None:
+        return None
 
     # -- reads -------------------------------------------------------------------------------
     async def get_summary(self, execution_id: str) -> ExecutionSummary:

@@ -70,6 +70,7 @@ from engine.storage.contract import (
     Conflict,
     CreateRequest,
     ExecutionRow,
+    ExecutorLease,
     ExpiredDelay,
     ExpiredLock,
     ListFilter,
@@ -80,6 +81,7 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
+from engine.storage.leases import ExecutorLeases
 from engine.storage.notify import Notifier, ResponseInbox
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import Frame
@@ -571,6 +573,8 @@ class SqliteStorage:
         self.notifier = Notifier()
         self._writer: _Writer | None = None
         self._finished_poller: asyncio.Task[None] | None = None
+        #: Leases of the executors of the processes sharing this file (one host).
+        self.leases = ExecutorLeases(Path(f"{path}-executors"))
         self._summary_reads: dict[str, list[asyncio.Future[ExecutionSummary]]] = {}
         self._summary_read_tasks: set[asyncio.Future[None]] = set()
         self._closed = False
@@ -859,6 +863,37 @@ class SqliteStorage:
         )
         value = next(iter(rows))[0]
         return None if value is None else _dt(value)
+
+    # -- executor liveness -----------------------------------------------------------------
+    def hold_executor_lease(self, executor_id: str) -> ExecutorLease:
+        return self.leases.hold(executor_id)
+
+    async def dead_executors(self) -> set[str]:
+        return await asyncio.to_thread(self.leases.dead)
+
+    async def held_by_executors(self, executor_ids: set[str]) -> list[ExpiredLock]:
+        if not executor_ids:
+            return []
+        # The run that holds an execution, wherever its state keeps it (not the
+        # summary's own `last_lock`, which stays after the run ended).
+        rows = await self._reader.execute_fetchall(
+            "SELECT execution_id, summary FROM executions "
+            "WHERE state IN ('locked', 'blocked_by_join_set', 'pending_at', 'paused', "
+            "'cancelling') AND coalesce("
+            " json_extract(CAST(summary AS TEXT), '$.underlying.executor_id'),"
+            " json_extract(CAST(summary AS TEXT), '$.underlying.blocked_run.executor_id'),"
+            " json_extract(CAST(summary AS TEXT), '$.underlying.last_lock.executor_id')"
+            ") IN (SELECT value FROM json_each(?))",
+            (ev.encode(sorted(executor_ids)).decode(),),
+        )
+        held = []
+        for execution_id, blob in rows:
+            summary = _summary_decoder.decode(blob)
+            held.append(ExpiredLock(execution_id, summary.next_version, summary))
+        return held
+
+    async def forget_executors(self, executor_ids: set[str]) -> None:
+        await asyncio.to_thread(self.leases.forget, executor_ids)
 
     # -- reads -----------------------------------------------------------------------------
     async def get_summary(self, execution_id: str) -> ExecutionSummary:

@@ -17,6 +17,7 @@ import pytest
 from engine.core import events as ev
 from engine.core.state import (
     ACTIVITY_RETRY,
+    EXECUTOR_DIED,
     WORKFLOW_RETRY,
     BlockedByJoinSet,
     Cancelling,
@@ -33,7 +34,6 @@ from engine.core.state import (
     created_summary,
     interleave_stored,
     is_done_one_off,
-    EXECUTOR_DIED,
     on_executor_died,
     on_lock_expired,
     on_temporary_failure,

@@ -232,6 +232,41 @@ async def test_watcher_times_out_an_abandoned_lock(start_engine: StartEngine) ->
     assert event_types(await engine.storage.get_events(eid))[-1] == "temporarily_timed_out"
 
 
+async def test_watcher_releases_the_lock_of_a_dead_executor_at_once(
+    start_engine: StartEngine,
+) -> None:
+    """A lock whose executor's lease file nobody holds (its process died) is handled as
+    expired at the watcher's next pass, not an hour later when it expires."""
+    engine = await start_engine(
+        DEPLOYMENT, files={"acts.js": JS}, run_executors=False, run_watcher=False
+    )
+    eid = await engine.submit("test:js/acts.ok", ["x"])
+    now = engine.clock.now()
+    (component,) = [c for c in engine.components if c.config.name == "ok"]
+    dead = "Exr_01KBF4Y3Z1N2P3Q4R5S6T7V8W9"
+    locked = await engine.storage.lock_pending(
+        ffqns=["test:js/acts.ok"],
+        batch_size=1,
+        now=now,
+        component_id=component.component_id,
+        executor_id=dead,
+        run_id="Run_01KBF4Y3Z1N2P3Q4R5S6T7V8W9",
+        lock_expires_at=now + timedelta(hours=1),
+        retry_config=ACTIVITY_RETRY,
+    )
+    assert [x.execution_id for x in locked] == [eid]
+    leases = engine.storage.leases.directory
+    assert await engine.watcher.tick() == 0  # its executor is not known to be dead
+    leases.mkdir(exist_ok=True)
+    (leases / dead).write_text("")  # what a SIGKILLed process leaves: a file nobody locks
+    assert await engine.watcher.release_dead_executors(engine.clock.now()) == 1
+    assert event_types(await engine.storage.get_events(eid))[-1] == "temporarily_timed_out"
+    assert (leases / dead).exists()
+    # The next pass finds nothing held by it any more and forgets it.
+    assert await engine.watcher.release_dead_executors(engine.clock.now()) == 0
+    assert not (leases / dead).exists()
+
+
 async def test_cancel_not_cancellable_is_reported(start_engine: StartEngine) -> None:
     # Only workflows can be "not cancellable"; activities always are.
     engine = await start(start_engine)

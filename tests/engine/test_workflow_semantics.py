@@ -19,7 +19,7 @@ import pytest
 
 from engine.core import events as ev
 from engine.core.clock import SteppingClock
-from engine.core.state import replay_stored, state_name
+from engine.core.state import BlockedByJoinSet, replay_stored, state_name
 from engine.engine import Engine
 from engine.storage.contract import ExecutionRow
 from tests.engine.conftest import StartEngine
@@ -729,6 +729,30 @@ async def test_restart_while_blocked_replays_to_the_same_result(
         assert len(runs) >= 7
     else:
         assert len(runs) >= 2
+
+
+async def test_a_blocked_run_stopped_with_its_engine_does_not_hold_up_the_next_one(
+    start_engine: StartEngine,
+) -> None:
+    """An `await` run blocked on a child keeps a claim until its lock expires (an hour
+    here): the warm run may continue first. Stopping the engine ends the run, and its
+    `unlocked("executor closing")` drops the claim, so that after a restart the child's
+    response makes the workflow due at once."""
+    toml = ACTIVITIES + workflow("restarted", strategy="await", lock_ms=3_600_000)
+    files = {"step.js": STEP_JS, "restarted.js": RESTART_JS}
+    engine = await start_engine(toml, files=files)
+    eid = await engine.submit(ffqn_of("restarted"), [])
+    child = await child_of(engine, eid, "myapp:demo/stubs.answer")
+    await wait_state(engine, eid, "blocked_by_join_set")
+    await engine.stop()
+    engine = await start_engine(toml, files=files)
+    last = (await engine.storage.get_events(eid))[-1].event
+    assert last == ev.Unlocked(last.backoff_expires_at, "executor closing")  # type: ignore[union-attr]
+    state = (await engine.storage.get_summary(eid)).state
+    assert isinstance(state, BlockedByJoinSet) and state.blocked_run is None
+    await engine.stub(child, {"ok": "s"})
+    assert await engine.result(eid, timeout=20) == ev.ResultOk("21-s-0")
+    await checked_log(engine, eid)
 
 
 async def test_interrupt_and_await_write_the_same_history(start_engine: StartEngine) -> None:

@@ -139,6 +139,10 @@ class BlockedParent:
         )
         return cls(parent, children, locked, wf.executor_id)
 
+    @property
+    def locked_ref(self) -> LockRef:
+        return LockRef(self.executor_id, self.locked.run_id)
+
 
 # ---------------------------------------------------------------------------------------
 # create

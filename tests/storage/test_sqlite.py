@@ -686,3 +686,57 @@ async def test_storage_closed_refuses_writes(db_path: Path) -> None:
     await s.close()  # idempotent
     with pytest.raises(StorageError, match="closed"):
         await s.create(create_request(), at(0))
+
+
+# ---------------------------------------------------------------------------------------
+# executors of dead processes (engine.storage.leases)
+# ---------------------------------------------------------------------------------------
+
+
+async def test_held_by_executors_finds_the_locks_and_waiting_runs_of_those_executors(
+    storage: SqliteStorage, db_path: Path
+) -> None:
+    from engine.core.state import PendingAt, on_executor_died
+
+    from .test_contract import BlockedParent
+
+    assert storage.leases.directory == Path(f"{db_path}-executors")
+    ex = Executor([ACTIVITY_FFQN])
+    running = await create(storage)
+    await lock(storage, running, 1, ex)
+    released = await create(storage)  # locked by `ex` once, then failed: held by nobody
+    le = await lock(storage, released, 1, ex)
+    await storage.append(released, le.next_version, [ev.TemporarilyFailed(at(50), "x")], at(1))
+    done = await create(storage)
+    le = await lock(storage, done, 1, ex)
+    await storage.append(done, le.next_version, [ev.Finished(ev.ResultOk(1))], at(1))
+    blocked = await BlockedParent.build(storage, t=2)
+    unblocked = await BlockedParent.build(storage, t=2)
+    await storage.append_response(
+        unblocked.parent,
+        ev.ChildExecutionFinished(unblocked.children[0], "g:1", 2, ev.ResultOk(1)),
+        at(5),
+    )
+    assert (await storage.get_summary(unblocked.parent)).state == PendingAt(
+        unblocked.locked.lock_expires_at, unblocked.locked_ref
+    )
+
+    async def held(*executors: str) -> set[str]:
+        return {h.execution_id for h in await storage.held_by_executors(set(executors))}
+
+    assert await held() == set()
+    assert await held(ex.executor_id) == {running}
+    assert await held(blocked.executor_id) == {blocked.parent}
+    assert await held(unblocked.executor_id) == {unblocked.parent}
+    dead = {ex.executor_id, blocked.executor_id, unblocked.executor_id}
+    assert await held(*dead) == {running, blocked.parent, unblocked.parent}
+
+    # What the watcher appends leaves nothing held: the lock timed out, the claims dropped.
+    for h in await storage.held_by_executors(dead):
+        event = on_executor_died(h.summary, dead, at(6))
+        assert event is not None
+        await storage.append(h.execution_id, h.next_version, [event], at(6))
+    assert await held(*dead) == set()
+    assert (await storage.get_summary(unblocked.parent)).state == PendingAt(at(6), None)
+    s = await storage.get_summary(blocked.parent)
+    assert s.state == BlockedByJoinSet("g:1", at(6), False, None)
