@@ -22,8 +22,8 @@ Scenarios (each after a small warm-up workflow that is not measured):
 * `many` — `--workflows` workflows × `--per-workflow` calls, submitted at once: steps/s.
 * `fanout` — one workflow with `--children` children in one join set: end-to-end time.
 * `replay` — a `--steps`-step workflow in a child process that is SIGKILLed once most of
-  its steps are done; once the dead run's lock has expired a second process starts the
-  engine and waits for the result. Reported: engine start-up, restart → finished
+  its steps are done; right after the kill a second process starts the engine (its
+  watcher releases the dead process's locks at start) and waits for the result. Reported: engine start-up, restart → finished
   (start-up included and not), and the new run alone (its `locked` → `finished`).
 * `interrupt` — `serial` with the interrupt strategy for each N of `--interrupt-steps`.
 
@@ -318,21 +318,6 @@ def _finished_children(db: Path, execution_id: str) -> int:
         conn.close()
 
 
-def _last_lock_expiry_us(db: Path) -> int | None:
-    """The latest lock expiry of any execution (a locked workflow's or child's), or the
-    latest due time of a pending one: a warm run that a response unblocked keeps the
-    workflow pending until that run's lock would have expired."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    try:
-        (at,) = conn.execute(
-            "SELECT max(max(coalesce(lock_expires_at, 0)), max(coalesce(pending_at, 0))) "
-            "FROM executions"
-        ).fetchone()
-        return None if not at else int(at)
-    finally:
-        conn.close()
-
-
 def replay(data_dir: Path, steps: int, kill_at: int, lock_expiry_ms: int) -> dict[str, Any]:
     write_deployment(data_dir, lock_expiry_ms=lock_expiry_ms)
     db = data_dir / "data" / "obelisk.sqlite"
@@ -357,14 +342,9 @@ def replay(data_dir: Path, steps: int, kill_at: int, lock_expiry_ms: int) -> dic
         if first.poll() is None:
             first.kill()
     done_at_kill = _finished_children(db, execution_id)
-    # The dead run (and a child activity it was running) holds its lock until it
-    # expires, then the watcher (500 ms later at most) makes it pending again; a run a
-    # response unblocked leaves the workflow pending until that time. Start the new
-    # process after that, so that what is measured is start-up and replay, not the lock
-    # expiry.
-    expires = _last_lock_expiry_us(db)
-    if expires is not None:
-        time.sleep(max(0.0, expires / 1e6 - time.time()) + 0.6)
+    # At once: the new process's watcher finds the dead executors' leases at start and
+    # releases what they held (the workflow's run, the child activity it was running),
+    # without waiting for their locks to expire (`engine.storage.leases`).
     second = subprocess.run(
         [*cmd, "--_child-restart", execution_id],
         stdout=subprocess.PIPE,
@@ -439,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--replay-lock-expiry-ms",
         type=int,
-        default=1000,
-        help="replay: the workflow's exec.lock_expiry (1000)",
+        default=10_000,
+        help="replay: the workflow's exec.lock_expiry (10000; not waited for)",
     )
     p.add_argument(
         "--cpu-affinity",

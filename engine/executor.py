@@ -544,9 +544,8 @@ class TimersWatcher:
             await self.storage.forget_executors(dead)
             return 0
         log.warning(  # a process died without stopping: worth an operator's attention
-            "released %d executions held by %d executors of a process that died: %s",
+            "released %d execution(s) held by the executors of a process that died: %s",
             len(jobs),
-            len(dead),
             ", ".join(sorted(dead)),
         )
         for result in await asyncio.gather(*jobs, return_exceptions=True):
