@@ -23,7 +23,7 @@ from typing import Any
 from wasmtime import _ffi as wasmtime_ffi
 from wasmtime._extern import wrap_extern
 
-from engine.workers.gil import _library, quick
+from engine.workers.gil import _library, memmove_keeping_gil, quick
 
 __all__ = ["LazyExports", "fast_guest_calls", "install_lazy_exports", "map_host_function"]
 
@@ -201,7 +201,7 @@ def _fast_memory(inst: Any) -> None:
     context = ctypes.cast(inst.store._context(), ctypes.c_void_p).value
     memory = ctypes.addressof(inst.mem._memory)
     string_at = ctypes.string_at
-    memmove = ctypes.memmove
+    memmove = memmove_keeping_gil
     c = inst.c
 
     def read(ptr: int, length: int) -> bytes:

@@ -27,6 +27,8 @@ from typing import Any, Generic, TypeVar
 from quickjs_rs import Runtime
 from quickjs_rs import _engine as qjs_engine
 
+from engine.workers.gil import memmove_keeping_gil
+
 log = logging.getLogger("obelisk.js_heap")
 K = TypeVar("K", bound=Hashable)
 
@@ -48,7 +50,7 @@ class HeapImage:
     build_id: Any
     memory_size: int
     stack_pointer: int
-    #: (offset, bytes) of every page to write, in address order.
+    #: (offset, bytes) of every run of adjacent pages to write, in address order.
     pages: tuple[tuple[int, bytes], ...]
     #: Offsets of the pages a fresh sandbox has written (shared by the images restored
     #: into the same kind of sandbox: `capture_more`).
@@ -77,12 +79,16 @@ class HeapImage:
         image = memoryview(snapshot)[header.size :]
         if len(image) != size or any(offset >= size for offset in fresh_pages):
             raise ValueError(f"heap image of {len(image)} bytes, smaller than a fresh sandbox")
-        pages = []
+        # Runs of adjacent pages to write, each copied at once.
+        runs: list[tuple[int, int]] = []
         for offset in range(0, size, PAGE):
-            page = bytes(image[offset : offset + PAGE])
-            if offset in fresh_pages or _nonzero(page):
-                pages.append((offset, page))
-        return cls(build_id, size, sp, tuple(pages), fresh_pages)
+            if offset in fresh_pages or _nonzero(bytes(image[offset : offset + PAGE])):
+                if runs and runs[-1][1] == offset:
+                    runs[-1] = (runs[-1][0], offset + PAGE)
+                else:
+                    runs.append((offset, offset + PAGE))
+        pages = tuple((start, bytes(image[start:end])) for start, end in runs)
+        return cls(build_id, size, sp, pages, fresh_pages)
 
     @property
     def written_bytes(self) -> int:
@@ -99,7 +105,7 @@ class HeapImage:
         if self.memory_size > current:
             memory.grow(store, (self.memory_size - current + _WASM_PAGE - 1) // _WASM_PAGE)
         base = ctypes.addressof(memory.data_ptr(store).contents)
-        move = ctypes.memmove
+        move = memmove_keeping_gil  # a few runs of pages: no GIL hand-off per copy
         for offset, page in self.pages:
             move(base + offset, page, len(page))
         inst.sp.set_value(store, self.stack_pointer)
