@@ -302,7 +302,10 @@ def _run_session(tmux: Tmux) -> None:
     tmux.keys("Enter")
     screen = tmux.wait_screen(
         f"the detail of row {index} ({chosen.shown_id})",
-        lambda s: "1 State" in s and "2 Events" in s and "events " in s and VERSION_RE.search(s),
+        # The title gets its ffqn with the first status the detail loads: wait for both.
+        lambda s: ("1 State" in s and "2 Events" in s and "events " in s and VERSION_RE.search(s)
+                   and len(s.splitlines()) > 1 and chosen.ffqn in s.splitlines()[1]
+                   and "state now: " in s),
     )
     detail_title = screen.splitlines()[1]
     full_id = detail_title.split()[0]
