@@ -91,6 +91,8 @@ from engine.storage.contract import (
     VersionConflict,
 )
 from engine.storage.notify import Notifier, ResponseInbox
+from engine.storage.postgres_leases import SCHEMA as LEASES_SCHEMA
+from engine.storage.postgres_leases import PostgresLeases
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import Frame
 
@@ -98,7 +100,7 @@ log = logging.getLogger("obelisk.storage")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MIGRATIONS: list[str] = [
     # 1: the schema of SQLite's migrations 1-3, in PostgreSQL types. Ids and FFQNs sort
@@ -183,6 +185,8 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX executions_updated ON executions (updated_at DESC, execution_id DESC);
     """,
+    # 3: executor leases: a dead process's locks are released at once
+    LEASES_SCHEMA,
 ]
 
 #: Environment variable with the DSN that `obelisk server run` uses (see README).
@@ -412,14 +416,6 @@ class _Payload:
 # ---------------------------------------------------------------------------------------
 
 
-class _NoLease:
-    def release(self) -> None:
-        return None
-
-
-_NO_LEASE = _NoLease()
-
-
 class PostgresStorage:
     """Open with `await PostgresStorage.open("postgresql://…")`."""
 
@@ -452,6 +448,12 @@ class PostgresStorage:
         self._closed = False
         self._max_batch = 500
         self._loop = asyncio.get_running_loop()
+        #: Which executors are alive (`engine.storage.postgres_leases`).
+        self._leases = PostgresLeases(
+            lambda: asyncpg.connect(
+                target.dsn, timeout=10.0, server_settings=_server_settings(target.schema)
+            )
+        )
         #: The database server's clock minus ours, in seconds, measured at open.
         self.clock_skew = 0.0
         #: Counters for benchmarks and tests.
@@ -531,6 +533,7 @@ class PostgresStorage:
                 tx.future.set_exception(StorageError("storage closed"))
         for fut in list(self._background):
             fut.cancel()
+        await self._leases.close()
         await _close_quietly(self._writer, self._pool)
         self._writer = None
 
@@ -987,20 +990,36 @@ class PostgresStorage:
         value = rows[0][0]
         return None if value is None else dt(value)
 
-    # -- executor liveness -------------------------------------------------------------------
-    # Not kept here (yet): the servers may be on several hosts, where file locks do not
-    # reach. The locks of a dead server are released when they expire (SPEC §6.3).
+    # -- executor liveness (advisory locks: `engine.storage.postgres_leases`) -----------------
     def hold_executor_lease(self, executor_id: str) -> ExecutorLease:
-        return _NO_LEASE
+        return self._leases.hold(executor_id)
 
     async def dead_executors(self) -> set[str]:
-        return set()
+        if self._closed:
+            return set()
+        return await self._leases.dead()
 
     async def held_by_executors(self, executor_ids: set[str]) -> list[ExpiredLock]:
-        return []
+        if not executor_ids:
+            return []
+        # The run that holds an execution, wherever its state keeps it (not the
+        # summary's own `last_lock`, which stays after the run ended).
+        rows = await self._fetch(
+            "SELECT execution_id, summary FROM executions,"
+            " LATERAL (SELECT convert_from(summary, 'UTF8')::jsonb -> 'underlying' AS u) s "
+            "WHERE state IN ('locked', 'blocked_by_join_set', 'pending_at', 'paused',"
+            " 'cancelling') AND coalesce(u ->> 'executor_id',"
+            " u #>> '{blocked_run,executor_id}', u #>> '{last_lock,executor_id}')"
+            " = ANY($1::text[])",
+            sorted(executor_ids),
+        )
+        return [
+            ExpiredLock(execution_id, (s := summary_decoder.decode(blob)).next_version, s)
+            for execution_id, blob in rows
+        ]
 
     async def forget_executors(self, executor_ids: set[str]) -> None:
-        return None
+        await self._leases.forget(executor_ids)
 
     # -- reads -------------------------------------------------------------------------------
     async def get_summary(self, execution_id: str) -> ExecutionSummary:
