@@ -4,7 +4,8 @@ workload of JS activities and JS workflows (`await` and `interrupt`, children in
 sets) is submitted to all three; one process is SIGKILLed while it holds locks. Then:
 every execution finished exactly once with the right result, every log is a legal
 sequence (`replay_stored`, children included), and the survivors took over the dead
-process's executions once its locks expired.
+process's executions (released through its dead executor leases, or at the latest
+when its locks expired).
 
 Without network namespaces (not root, no `ip`), the servers are plain processes on
 loopback; the test says so in its output.
