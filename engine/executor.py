@@ -543,10 +543,12 @@ class TimersWatcher:
         if not jobs:
             await self.storage.forget_executors(dead)
             return 0
+        names = sorted(dead)
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         log.warning(  # a process died without stopping: worth an operator's attention
-            "released %d execution(s) held by the executors of a process that died: %s",
+            "released %d execution(s) held by executors that died without stopping: %s",
             len(jobs),
-            ", ".join(sorted(dead)),
+            shown,
         )
         for result in await asyncio.gather(*jobs, return_exceptions=True):
             if isinstance(result, Exception) and not isinstance(result, Conflict | NotFound):

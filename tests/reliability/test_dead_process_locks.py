@@ -238,4 +238,4 @@ def test_a_restarted_server_releases_what_the_killed_one_held_at_once(
     assert [u.reason for u in logs[order].of_type(ev.Unlocked)] == ["executor died"]
     assert [u.reason for u in logs[work].of_type(ev.Unlocked)] == ["executor died"]
     assert len(logs[spin].of_type(ev.TemporarilyTimedOut)) == 1
-    assert "released 3 execution(s) held by the executors of a process that died" in second.output()
+    assert "released 3 execution(s) held by executors that died without stopping" in second.output()
