@@ -56,10 +56,27 @@ T = TypeVar("T")
 
 
 def outcome_to_event(
-    locked: LockedExecution, outcome: RunOutcome, now: Any, ok_type: Any = None
+    locked: LockedExecution,
+    outcome: RunOutcome,
+    now: Any,
+    ok_type: Any = None,
+    err_type: Any = None,
 ) -> ev.Event:
-    """Map one run's outcome to the event to append (SPEC §5.1–5.3)."""
+    """Map one run's outcome to the event to append (SPEC §5.1–5.3). A returned value
+    that does not match the declared `ok_type`/`err_type` is a failure, not a result."""
     s = locked.summary
+    if isinstance(outcome, RunErr) and err_type is not None:
+        try:
+            outcome = RunErr(validate_json(outcome.value, err_type, "error value"), outcome.permanent)
+        except WitValueError as e:
+            detail = str(e)
+            return on_temporary_failure(
+                s,
+                now,
+                "invalid error value",
+                detail,
+                ev.ExecutionFailure("uncategorized", "invalid error value", detail),
+            )
     match outcome:
         case RunOk(value=value):
             if ok_type is not None:
@@ -353,6 +370,7 @@ class ActivityExecutor(BaseExecutor):
             deadline = time.monotonic() + max(0.0, remaining)
             run = self._runner_call(locked, deadline, cancel, lines.append)
             ok_type = _ok_type(info.return_type)
+            err_type = _err_type(info.return_type)
             extras = AppendExtras(logs=lines, run_id=locked.run_id)
             outcome = run()
             now = self.clock.now()
@@ -360,7 +378,7 @@ class ActivityExecutor(BaseExecutor):
                 # Interrupted by shutdown, not by the activity: release without a retry.
                 event: ev.Event = ev.Unlocked(now, "executor closing")
             else:
-                event = outcome_to_event(locked, outcome, now, ok_type)
+                event = outcome_to_event(locked, outcome, now, ok_type, err_type)
         except Exception:
             log.exception("executor %s: run of %s failed", self.name, locked.execution_id)
             self._run_ended(locked, done, cancel)
@@ -475,6 +493,11 @@ def _ignore_outcome(task: asyncio.Task[Any]) -> None:
 def _ok_type(return_type: Any) -> Any:
     """The `ok` payload type of a `result<T, E>` return type, when the model exposes it."""
     return getattr(return_type, "ok", None)
+
+
+def _err_type(return_type: Any) -> Any:
+    """The `err` payload type of a `result<T, E>` return type (None for `result<T>`)."""
+    return getattr(return_type, "err", None)
 
 
 class TimersWatcher:

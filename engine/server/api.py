@@ -77,9 +77,16 @@ class ApiProblem(Exception):
 # ---------------------------------------------------------------------------------------
 
 
+MAX_REQUEST_BODY = 64 * 2**20
+"""Largest request body (a submit's params, a stub's value): the same order as what a
+JS sandbox can hold, far above aiohttp's 1 MiB default."""
+
+
 def make_app(engine: Engine, token: str | None) -> web.Application:
     """The API application; `token=None` turns authentication off."""
-    app = web.Application(middlewares=[_error_middleware, _auth_middleware])
+    app = web.Application(
+        middlewares=[_error_middleware, _auth_middleware], client_max_size=MAX_REQUEST_BODY
+    )
     app[ENGINE_KEY] = engine
     app[TOKEN_KEY] = token
     app.router.add_get("/openapi.json", _openapi)
@@ -151,7 +158,7 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
             allowed = ", ".join(sorted(e.allowed_methods))
             message = f"method {request.method} is not allowed on {request.path} (use {allowed})"
         elif isinstance(e, web.HTTPRequestEntityTooLarge):
-            message = "request body too large"
+            message = f"request body too large (the limit is {MAX_REQUEST_BODY // 2**20} MiB)"
         else:
             message = e.reason
         headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}

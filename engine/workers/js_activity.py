@@ -152,6 +152,12 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 """Largest `fetch` response body accepted (larger bodies throw a `TypeError`)."""
 
 _MIN_MEMORY_LIMIT = 4 * 1024 * 1024
+
+
+def out_of_memory_reason(memory_limit: int) -> str:
+    """The failure reason of a run that exhausted its sandbox's memory (also when it
+    happened while serializing the return value)."""
+    return f"out of memory (the JS sandbox's limit is {memory_limit // 2**20} MiB)"
 _POLL_INTERVAL = 0.02
 _MAX_REDIRECTS = 20
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -192,7 +198,7 @@ class HostPattern:
         m = _PATTERN.fullmatch(text.strip())
         if m is None:
             raise ValueError(
-                f"invalid allowed_hosts pattern {text!r}: expected [scheme://]host[:port], "
+                f"invalid allowed_host pattern {text!r}: expected [scheme://]host[:port], "
                 "e.g. 'api.example.com', '*.example.com', 'http://localhost:*'"
             )
         scheme = (m.group("scheme") or "*").lower()
@@ -202,7 +208,7 @@ class HostPattern:
             schemes = frozenset({scheme})
         else:
             raise ValueError(
-                f"invalid allowed_hosts pattern {text!r}: scheme must be http, https or *"
+                f"invalid allowed_host pattern {text!r}: scheme must be http, https or *"
             )
         host = m.group("host").lower()
         if host.startswith("["):
@@ -218,7 +224,7 @@ class HostPattern:
         else:
             port = int(port_text)
             if not 0 < port < 65536:
-                raise ValueError(f"invalid allowed_hosts pattern {text!r}: bad port {port}")
+                raise ValueError(f"invalid allowed_host pattern {text!r}: bad port {port}")
         return cls(pattern=text, schemes=schemes, host=host_re, port=port)
 
     def matches(self, scheme: str, host: str, port: int) -> bool:
@@ -829,7 +835,7 @@ class _Sandbox:
             if port is not None:
                 shown = f"{shown}:{port}"
             raise _FetchError(
-                f"fetch: host '{shown}' is not in allowed_hosts (refused {scheme}://{shown})"
+                f"fetch: host '{shown}' is not in the deployment's allowed_host list (refused {scheme}://{shown})"
             )
         return scheme, host, effective
 
@@ -1119,9 +1125,12 @@ class JsActivityRunner:
             params_js = json.dumps(list(params_json), allow_nan=False)
         except (TypeError, ValueError) as e:
             return RunTrap(f"params are not JSON: {e}")
-        return _run_coroutine(
+        outcome = _run_coroutine(
             lambda: self._run_async(params_js, deadline, cancel, log, patterns, env_vars)
         )
+        if isinstance(outcome, RunTrap) and outcome.reason.endswith("out of memory"):
+            return RunTrap(out_of_memory_reason(self.memory_limit), outcome.detail)
+        return outcome
 
     async def _run_async(
         self,

@@ -20,7 +20,7 @@ from typing import Any
 from engine.components import Registry
 from engine.core import events as ev
 from engine.core.state import Locked, on_temporary_failure
-from engine.executor import BaseExecutor, _ok_type
+from engine.executor import BaseExecutor, _err_type, _ok_type
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
@@ -178,7 +178,7 @@ class WorkflowExecutor(BaseExecutor):
                 case WfOk(value=value):
                     result = self._checked_ok(locked.ffqn, value)
                 case WfErr(value=value):
-                    result = ev.ResultErr(value)
+                    result = self._checked_err(locked.ffqn, value)
                 case WfTrap(reason=reason, detail=detail):
                     result = ev.ExecutionFailure("uncategorized", reason, detail)
                 case _:
@@ -196,6 +196,15 @@ class WorkflowExecutor(BaseExecutor):
             return ev.ResultOk(validate_json(value, ok_type, "return value"))
         except WitValueError as e:
             return ev.ExecutionFailure("uncategorized", "invalid return value", str(e))
+
+    def _checked_err(self, ffqn: str, value: Any) -> ev.ExecutionResult:
+        err_type = _err_type(self.component.functions[ffqn].return_type)
+        if err_type is None:
+            return ev.ResultErr(value)
+        try:
+            return ev.ResultErr(validate_json(value, err_type, "error value"))
+        except WitValueError as e:
+            return ev.ExecutionFailure("uncategorized", "invalid error value", str(e))
 
     def _finish_aborted(self, host: ReplayHost) -> None:
         if host.failure is None:

@@ -164,6 +164,7 @@ from engine.workers.js_activity import (
     _parse_json_result,
     _run_coroutine,
     _trap_reason,
+    out_of_memory_reason,
     warm_up,
 )
 from engine.workers.js_activity import (
@@ -1532,6 +1533,8 @@ class JsWorkflowRunner:
             return WfAborted()
         if run.timed_out:
             return WfTimedOut()
+        if isinstance(outcome, WfTrap) and outcome.reason.endswith("out of memory"):
+            return WfTrap(out_of_memory_reason(self.memory_limit), outcome.detail)
         return outcome
 
     def _module_image(

@@ -18,6 +18,7 @@ export function fail(msg) { throw new Error(msg); }
 export function permanent() { throw "permanent-failure"; }
 export function spin() { while (true) {} }
 export function badReturn() { return 42; }
+export function badErr() { throw { code: 1 }; }
 """
 
 
@@ -49,6 +50,7 @@ DEPLOYMENT = (
     + js_section("permanent", "permanent", "[]", "result<string, string>")
     + js_section("spin", "spin", "[]", "result<string, string>", "max_retries = 1")
     + js_section("bad-return", "badReturn", "[]", "result<string, string>", "max_retries = 0")
+    + js_section("bad-err", "badErr", "[]", "result<string, u32>", "max_retries = 1")
     + """
     [[activity_stub]]
     ffqn = "test:stub/approval.approve"
@@ -133,6 +135,20 @@ async def test_invalid_return_value_is_a_failure(start_engine: StartEngine) -> N
     result = await engine.result(eid, timeout=10)
     assert isinstance(result, ev.ExecutionFailure) and result.kind == "uncategorized"
     assert "return value" in result.reason
+
+
+async def test_err_value_not_of_the_declared_err_type_is_a_failure(
+    start_engine: StartEngine,
+) -> None:
+    engine = await start(start_engine)
+    eid = await engine.submit("test:js/acts.bad-err", [])
+    result = await engine.result(eid, timeout=10)
+    assert isinstance(result, ev.ExecutionFailure) and result.kind == "uncategorized"
+    assert result.reason == "invalid error value"
+    assert "error value: expected u32" in (result.detail or "")
+    # Retried like any other failed attempt.
+    types = event_types(await engine.storage.get_events(eid))
+    assert types == ["created", "locked", "temporarily_failed", "locked", "finished"]
 
 
 async def test_cancel_running_activity(start_engine: StartEngine) -> None:

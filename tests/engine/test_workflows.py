@@ -164,6 +164,36 @@ async def test_child_error_can_be_caught(start_engine: StartEngine) -> None:
     assert await engine.result(eid, timeout=30) == ev.ResultOk("caught")
 
 
+async def test_thrown_values_are_checked_against_the_declared_err_type(
+    start_engine: StartEngine,
+) -> None:
+    files = dict(
+        FILES,
+        **{"throws.js": "export default function throws(v) { throw v === 0 ? { code: 1 } : v; }"},
+    )
+    toml = (
+        deployment()
+        + """
+    [[workflow_js]]
+    name = "throws"
+    location = "throws.js"
+    ffqn = "myapp:demo/workflow.throws"
+    params = [{ name = "v", type = "u32" }]
+    return_type = "result<string, u32>"
+    exec.tick_sleep.milliseconds = 20
+    """
+    )
+    engine = await start_engine(toml, files=files)
+    good = await engine.submit("myapp:demo/workflow.throws", [7])
+    assert await engine.result(good, timeout=30) == ev.ResultErr(7)
+    bad = await engine.submit("myapp:demo/workflow.throws", [0])
+    result = await engine.result(bad, timeout=30)
+    assert isinstance(result, ev.ExecutionFailure) and result.kind == "uncategorized"
+    assert result.reason == "invalid error value"
+    assert "error value: expected u32" in (result.detail or "")
+    await check_legal(engine, bad)
+
+
 async def test_a_running_workflow_calls_activities_while_the_event_loop_is_blocked(
     start_engine: StartEngine,
 ) -> None:

@@ -837,3 +837,26 @@ async def test_deployment_long_poll_answers_after_a_reload(
     status = (await r.json())["reload"]
     assert status["generation"] > g and status["ok"] is False
     assert "deployment.toml: [[activity_stub]] #1" in status["error"]
+
+
+# ---------------------------------------------------------------------------------------
+# Request size
+# ---------------------------------------------------------------------------------------
+
+
+async def test_params_of_several_mebibytes_are_accepted(client: TestClient[Any, Any]) -> None:
+    big = "x" * (3 * 2**20)  # above aiohttp's 1 MiB default
+    eid = await submit(client, params=[big])
+    r = await client.get(f"/v1/executions/{eid}/status")
+    assert r.status == 200, await r.text()
+
+
+async def test_a_body_over_the_limit_names_the_limit(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.server.api as api
+
+    monkeypatch.setattr(api, "MAX_REQUEST_BODY", 2**20)
+    async with TestClient(TestServer(make_app(engine, TOKEN)), headers=AUTH) as c:
+        r = await c.post("/v1/executions", json={"ffqn": APPROVE, "params": ["x" * 2**21]})
+        await expect_error(r, 413, "request body too large", "the limit is 1 MiB")

@@ -303,21 +303,21 @@ def test_fetch_refused_for_host_not_allowed() -> None:
     is_type_error, message = out.value
     assert is_type_error
     assert "evil.example.com" in message
-    assert "not in allowed_hosts" in message
+    assert "not in the deployment's allowed_host list" in message
 
 
 def test_uncaught_refusal_is_err_and_no_hosts_means_no_network(server: str) -> None:
     src = "export default async (base) => (await fetch(`http://${base}/hello`)).status;"
     out = run(src, [server])
     assert isinstance(out, RunErr)
-    assert "127.0.0.1" in out.value and "not in allowed_hosts" in out.value
+    assert "127.0.0.1" in out.value and "not in the deployment's allowed_host list" in out.value
 
 
 def test_redirect_to_host_not_allowed_is_refused(server: str) -> None:
     src = "export default async (base) => (await fetch(`http://${base}/redirect-out`)).status;"
     out = run(src, [server], allowed_hosts=[server])
     assert isinstance(out, RunErr)
-    assert "localhost" in out.value and "not in allowed_hosts" in out.value
+    assert "localhost" in out.value and "not in the deployment's allowed_host list" in out.value
 
 
 def test_fetch_connection_failure_is_type_error() -> None:
@@ -362,7 +362,7 @@ def test_allowed_host_patterns(pattern: str, url: str, allowed: bool) -> None:
 
 @pytest.mark.parametrize("bad", ["", "ftp://host", "host:99999", "http://", "a b"])
 def test_invalid_allowed_host_pattern(bad: str) -> None:
-    with pytest.raises(ValueError, match="allowed_hosts pattern"):
+    with pytest.raises(ValueError, match="allowed_host pattern"):
         HostPattern.parse(bad)
     out = run("export default () => 1", allowed_hosts=[bad])
     assert isinstance(out, RunTrap)
@@ -508,7 +508,7 @@ def test_memory_limit_is_out_of_memory_trap() -> None:
         "export default function () { const a = []; for (;;) a.push(new Array(100000).fill(1.5)); }"
     )
     out = run(src, memory_limit=16 * 1024 * 1024)
-    assert out == RunTrap("out of memory")
+    assert out == RunTrap("out of memory (the JS sandbox's limit is 16 MiB)")
 
 
 def test_memory_limit_caught_by_guest_still_traps() -> None:
@@ -518,7 +518,14 @@ def test_memory_limit_caught_by_guest_still_traps() -> None:
       try { for (;;) a.push(new Uint8Array(1 << 20)); } catch (e) { throw e; }
     }
     """
-    assert run(src, memory_limit=16 * 1024 * 1024) == RunTrap("out of memory")
+    out = run(src, memory_limit=16 * 1024 * 1024)
+    assert out == RunTrap("out of memory (the JS sandbox's limit is 16 MiB)")
+
+
+def test_a_return_value_too_big_to_serialize_is_out_of_memory() -> None:
+    src = "export default function () { return 'x'.repeat(6 * 1024 * 1024); }"
+    out = run(src, memory_limit=16 * 1024 * 1024)
+    assert out == RunTrap("out of memory (the JS sandbox's limit is 16 MiB)")
 
 
 def test_unbounded_recursion_is_trap() -> None:

@@ -903,7 +903,7 @@ def test_engine_failures_are_traps() -> None:
     outcome = run_js("export default () => new Promise(() => {});")[0]
     assert isinstance(outcome, WfTrap) and "never settles" in outcome.reason
     outcome = run_js("export default () => { const a = []; for (;;) a.push('x'.repeat(1e6)); };")[0]
-    assert outcome == WfTrap("out of memory")
+    assert outcome == WfTrap("out of memory (the JS sandbox's limit is 64 MiB)")
     src = "export default function f() { try { return f() + 1; } catch (e) { return 0; } }"
     assert run_js(src)[0] == WfTrap("stack overflow")
 
