@@ -11,6 +11,7 @@ one transaction before the next blocking write).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -161,6 +162,8 @@ class ReplayHost:
         self._buffer: list[ev.Event] = []
         self._creates: list[CreateRequest] = []
         self.logs: list[LogLine] = []
+        #: (level, message) of the lines earlier runs stored, not yet seen again.
+        self._stored_lines: collections.Counter[tuple[str, str]] | None = None
         self.stack: list[Frame] = []
         #: The guest stack of each buffered event's call (backtraces, SPEC §7.4).
         self._buffer_stacks: list[list[Frame]] = []
@@ -955,7 +958,29 @@ class ReplayHost:
     def log(self, level: str, message: str) -> None:
         if level not in ("trace", "debug", "info", "warn", "error"):
             level = "info"
+        if self.replaying and self._already_logged(level, message):
+            return
         self.logs.append(LogLine(level, message))  # type: ignore[arg-type]
+
+    def _already_logged(self, level: str, message: str) -> bool:
+        """A line emitted while replaying recorded history was stored by the run that
+        wrote that history (logs go out with each write): it is kept once. A line that
+        no earlier run stored (code edited since, or the lines leading to a
+        nondeterminism) is new and kept. The stored lines are read on first need."""
+        if self._stored_lines is None:
+            self._stored_lines = collections.Counter()
+            try:
+                after = 0
+                while page := self._sync(self.storage.get_logs(self.execution_id, after)):
+                    self._stored_lines.update((x.level, x.message) for x in page)
+                    after = page[-1].id
+            except Exception as e:  # store rather than lose a line
+                log.debug("workflow %s: cannot read its logs: %s", self.execution_id, e)
+        key = (level, message)
+        if self._stored_lines[key] > 0:
+            self._stored_lines[key] -= 1
+            return True
+        return False
 
     def set_stack(self, frames: list[Frame]) -> None:
         self.stack = frames

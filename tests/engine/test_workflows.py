@@ -164,6 +164,47 @@ async def test_child_error_can_be_caught(start_engine: StartEngine) -> None:
     assert await engine.result(eid, timeout=30) == ev.ResultOk("caught")
 
 
+LOGGING_JS = """
+import { step } from "myapp:demo/activity";
+export default function logging() {
+  console.log("start");
+  for (let i = 0; i < 3; i++) {
+    step(i, 0);
+    console.log(`after step ${i}`);
+  }
+  obelisk.sleep({ milliseconds: 10 });
+  console.log("woke");
+  return "done";
+}
+"""
+
+
+@pytest.mark.parametrize("strategy", ["await", "interrupt"])
+async def test_log_lines_are_stored_once_however_often_the_run_is_replayed(
+    start_engine: StartEngine, strategy: str
+) -> None:
+    toml = (
+        deployment()
+        + f"""
+    [[workflow_js]]
+    name = "logging"
+    location = "logging.js"
+    ffqn = "myapp:demo/workflow.logging"
+    params = []
+    return_type = "result<string, string>"
+    blocking_strategy = "{strategy}"
+    exec.tick_sleep.milliseconds = 20
+    """
+    )
+    engine = await start_engine(toml, files=dict(FILES, **{"logging.js": LOGGING_JS}))
+    eid = await engine.submit("myapp:demo/workflow.logging", [])
+    assert await engine.result(eid, timeout=30) == ev.ResultOk("done")
+    lines = [x.message for x in await engine.storage.get_logs(eid)]
+    assert lines == ["start", "after step 0", "after step 1", "after step 2", "woke"]
+    if strategy == "interrupt":  # the point of the test: it was replayed
+        assert len({x.run_id for x in await engine.storage.get_logs(eid)}) > 1
+
+
 async def test_thrown_values_are_checked_against_the_declared_err_type(
     start_engine: StartEngine,
 ) -> None:
