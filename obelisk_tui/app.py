@@ -76,6 +76,10 @@ class ObeliskApp(App[None]):
         self.backend: ConsoleBackend = None  # type: ignore[assignment]  # set on mount
         self.frozen = False
         self.fatal_error: str | None = None
+        #: The engine is unreachable (attached): shown in the header until it is back.
+        self._disconnected = False
+        self._last_error: str | None = None
+        self._last_error_at = 0.0
         #: Run on exit, before the backend closes (e.g. the demo traffic's stop).
         self.closers: list[Callable[[], Awaitable[None]]] = []
         self._refresh_wanted = asyncio.Event()
@@ -124,14 +128,20 @@ class ObeliskApp(App[None]):
     @work(exclusive=True, group="changes")
     async def follow_changes(self) -> None:
         # From the generation now: the screen just loaded what is there.
-        generation = await self.backend.wait_changed(-1, 0.0)
+        generation: int | None = None
         while True:
             try:
+                if generation is None:
+                    generation = await self.backend.wait_changed(-1, 0.0)
+                    continue
                 new, forced = await self._next_change(generation)
             except ApiError as e:
-                self.report_error(e)
+                self._connection_lost(e)
                 await asyncio.sleep(1.0)  # the server may be restarting: retry calmly
                 continue
+            if self._disconnected:
+                self._connection_back()
+                forced = True  # whatever happened meanwhile: show it
             changed, generation = new != generation, new
             if not forced and (not changed or self.frozen):
                 continue
@@ -171,10 +181,16 @@ class ObeliskApp(App[None]):
         except ApiError as e:
             self.report_error(e)
             return
+        resync = False
         while True:
             try:
+                if resync:  # after an error: the server may be a new process
+                    current = (await self.backend.deployment())["reload"]["generation"]
+                    generation = min(generation, current)  # a restarted one counts from 0
+                    resync = False
                 deployment = await self.backend.wait_reload(generation, 25.0)
             except ApiError:
+                resync = True
                 await asyncio.sleep(2.0)
                 continue
             reload = deployment["reload"]
@@ -192,8 +208,30 @@ class ObeliskApp(App[None]):
                 screen.post_message(DeploymentReloaded(deployment))
 
     def report_error(self, error: ApiError) -> None:
+        # The same error again within its toast's life (a retry loop, several panes
+        # refreshing) would only stack identical toasts over the screen.
+        if self._disconnected and isinstance(error, ServerUnreachable):
+            return  # the header says so until it is back
+        now = time.monotonic()
+        if self._last_error == error.message and now - self._last_error_at < 8.0:
+            return
+        self._last_error, self._last_error_at = error.message, now
         title = "server unreachable" if isinstance(error, ServerUnreachable) else "error"
         self.notify(error.message, title=title, severity="error", timeout=8)
+
+    def _connection_lost(self, error: ApiError) -> None:
+        """One notice and a lasting mark in the header while the engine is unreachable."""
+        if not self._disconnected:
+            self.report_error(error)
+            self._disconnected = isinstance(error, ServerUnreachable)
+            if self._disconnected:
+                self.sub_title = f"{self.backend.label} · DISCONNECTED, retrying"
+
+    def _connection_back(self) -> None:
+        self._disconnected = False
+        self.sub_title = self.backend.label
+        self._last_error = None
+        self.notify("connected again", title="server", timeout=4)
 
     # -- navigation and global actions ---------------------------------------------------
     def open_execution(self, execution_id: str) -> None:

@@ -267,7 +267,7 @@ def event_summary(event: dict[str, Any]) -> str:
     if kind == "component_upgrade_finished":
         outcome = event.get("outcome") or {}
         reason = f": {outcome['reason']}" if outcome.get("reason") else ""
-        return f"{outcome.get('type')} → {str(event.get('component_digest', ''))[:19]}{reason}"
+        return f"{outcome.get('type')} → {str(event.get('digest', ''))[:19]}{reason}"
     if kind in ("paused", "unpaused", "cancellation_requested"):
         return ""
     if kind == "history_event":

@@ -69,9 +69,14 @@ class Timeline:
 
     New events and responses always come after everything already folded (an execution's
     writes are timestamped in commit order), so they are interleaved among themselves
-    and applied at the end."""
+    and applied at the end. Reads that race with writes can still hand over a response
+    before the event it answers: the fold then stops where it broke and is redone from
+    the start on the next update, when the missing part has arrived."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self.steps: list[Step] = []
         self._summary: ExecutionSummary | None = None
         self._events = 0
@@ -80,11 +85,19 @@ class Timeline:
         self._broken = False
 
     def update(self, events: list[EventEntry], responses: list[ResponseEntry]) -> list[Step]:
+        if self._broken:
+            broken_at = (self._events, self._responses)
+            if broken_at == (len(events), len(responses)):
+                return self.steps  # nothing new: it would break the same way
+            shown = self.steps
+            self._reset()
+            steps = self.update(events, responses)
+            if self._broken and len(steps) < len(shown):
+                self.steps = shown  # keep what was shown until the log reads whole
+            return self.steps
         new_events = [msgspec.convert(e, ev.StoredEvent) for e in events[self._events :]]
         new_responses = [msgspec.convert(r, ev.StoredResponse) for r in responses[self._responses :]]
         self._events, self._responses = len(events), len(responses)
-        if self._broken:
-            return self.steps
         for at, item, version in interleave_stored(new_events, new_responses):
             try:
                 if self._summary is None:

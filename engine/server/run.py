@@ -69,6 +69,10 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+SHUTDOWN_GRACE_SECONDS = 1.0
+"""How long a stopping server lets requests in flight finish before cancelling them."""
+
+
 @dataclass
 class RunningServer:
     """An engine with its API listening; `await stop()` shuts both down."""
@@ -106,7 +110,14 @@ async def start_server(
     engine = await Engine.start(
         deployment, data_dir, database_url=database_url, cpu_affinity=cpu_affinity
     )
-    runner = web.AppRunner(make_app(engine, token), handler_cancellation=True, access_log=None)
+    # Long polls (`?follow=true`, `/v1/changes`, the deployment) never finish on their
+    # own: a stop gives requests in flight a moment, then cancels them.
+    runner = web.AppRunner(
+        make_app(engine, token),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_GRACE_SECONDS,
+    )
     try:
         await runner.setup()
         site = web.TCPSite(runner, host, port)

@@ -193,3 +193,33 @@ async def test_the_console_attached_to_a_server_on_postgresql(
     finally:
         await server.close()
         await engine.stop()
+
+
+async def test_the_attached_console_marks_a_lost_server_once_and_resumes(
+    console_engine: Engine,
+) -> None:
+    """The server goes away while the console is attached: one notice and a lasting
+    mark in the header (not a toast per retry); back on the same address: unmarked."""
+    from tests.console.conftest import open_console, until
+
+    server = TestServer(make_app(console_engine, TOKEN))
+    await server.start_server()
+    port = server.port
+    rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
+    try:
+        async with open_console(backend=rest) as (app, pilot):
+
+            def unreachable_toasts() -> int:
+                return sum(n.title == "server unreachable" for n in app._notifications)
+
+            await server.close()
+            await until(pilot, lambda: "DISCONNECTED" in app.sub_title, what="the mark")
+            await asyncio.sleep(2.5)  # follow_changes retries each second meanwhile
+            assert unreachable_toasts() == 1
+            server = TestServer(make_app(console_engine, TOKEN), port=port)
+            await server.start_server()
+            await until(pilot, lambda: "DISCONNECTED" not in app.sub_title, what="unmarked")
+            assert any(n.message == "connected again" for n in app._notifications)
+    finally:
+        await rest.close()
+        await server.close()

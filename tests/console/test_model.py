@@ -245,6 +245,15 @@ async def test_steps_follow_the_engine_state_machine(console_engine: Engine) -> 
         upto = events[n - 1]["created_at"]
         live.update(events[:n], [r for r in responses if r["created_at"] <= upto])
     assert live.update(events, responses) == steps
+    # A read that raced with the writes: the responses, but not yet the events that
+    # requested them. The fold breaks there, then is redone once the events arrive.
+    racing = timeline.Timeline()
+    first_request = next(
+        i for i, e in enumerate(events) if e["event"].get("type") == "history_event"
+    )
+    partial = racing.update(events[:first_request], responses)
+    assert len(partial) <= first_request
+    assert racing.update(events, responses) == steps
 
 
 async def test_steps_show_overlays_and_responses(console_engine: Engine) -> None:

@@ -8,6 +8,7 @@ test's back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -860,3 +861,24 @@ async def test_a_body_over_the_limit_names_the_limit(
     async with TestClient(TestServer(make_app(engine, TOKEN)), headers=AUTH) as c:
         r = await c.post("/v1/executions", json={"ffqn": APPROVE, "params": ["x" * 2**21]})
         await expect_error(r, 413, "request body too large", "the limit is 1 MiB")
+
+
+async def test_a_stopping_server_does_not_wait_for_long_polls(tmp_path: Path) -> None:
+    """A client following an unfinished execution must not hold the server's stop (a
+    service manager would SIGKILL it): the follow is cut after a short grace."""
+    import aiohttp
+
+    from engine.server.run import start_server
+
+    server = await start_server(write_deployment(tmp_path), tmp_path / "data", "127.0.0.1", 0, TOKEN)
+    async with aiohttp.ClientSession(headers=AUTH) as session:
+        r = await session.post(f"{server.url}/v1/executions", json={"ffqn": APPROVE, "params": ["x"]})
+        eid = (await r.json())["execution_id"]
+        follow = asyncio.ensure_future(
+            session.get(f"{server.url}/v1/executions/{eid}?follow=true&timeout=600")
+        )
+        await asyncio.sleep(0.2)  # let it reach the server (if not, this test passes anyway)
+        assert not follow.done()
+        await asyncio.wait_for(server.stop(), 30)  # not the 600 s the polls asked for
+        with contextlib.suppress(aiohttp.ClientError):
+            (await follow).close()
