@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -190,6 +191,10 @@ def _status_lines(info: ExecutionInfo) -> str:
 
 def _client(args: argparse.Namespace) -> ApiClient:
     url = getattr(args, "api_url", None) or os.environ.get(API_URL_ENV) or DEFAULT_API_URL
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        source = "--api-url" if getattr(args, "api_url", None) else API_URL_ENV
+        raise UsageError(f"{source} {url!r} is not an http(s) URL (e.g. {DEFAULT_API_URL})")
     return ApiClient(url, os.environ.get(TOKEN_ENV) or None)
 
 
@@ -197,11 +202,17 @@ def _result_exit(result: dict[str, Any]) -> int:
     return 0 if "ok" in result else 1
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _parse_json_arg(text: str, what: str) -> Any:
     try:
-        return json.loads(text)
-    except ValueError as e:
+        value = json.loads(text, parse_constant=_reject_constant)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # lone surrogates ("\ud800") cannot be sent
+    except ValueError as e:  # UnicodeEncodeError included
         raise UsageError(f"{what} is not valid JSON: {e}") from None
+    return value
 
 
 def cmd_server_run(args: argparse.Namespace) -> int:

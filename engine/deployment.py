@@ -289,6 +289,8 @@ def _exec(ctx: _Ctx, value: Any, *, workflow: bool) -> ExecConfig:
             raise ctx.error("exec.lock_expiry", "must be positive")
     if "tick_sleep" in value:
         cfg["tick_sleep_ms"] = _duration_ms(ctx, "exec.tick_sleep", value["tick_sleep"])
+        if cfg["tick_sleep_ms"] <= 0:  # 0 would poll the database in a busy loop
+            raise ctx.error("exec.tick_sleep", "must be positive")
     return ExecConfig(**cfg)
 
 

@@ -85,6 +85,10 @@ def test_good_deployment_is_parsed(tmp_path: Path) -> None:
         ),
         (GOOD.replace("exec.batch_size = 3", "exec.batch_size = 0"), ["key `exec.batch_size`"]),
         (GOOD.replace("exec.batch_size = 3", "exec.turbo = true"), ["key `exec.turbo`"]),
+        (
+            GOOD.replace("exec.batch_size = 3", "exec.tick_sleep.milliseconds = 0"),
+            ["key `exec.tick_sleep`", "must be positive"],
+        ),
         (GOOD.replace('{ key = "MODE", value = "test" }', "42"), ["key `env_vars[1]`"]),
         (GOOD + GOOD.split("[[activity_stub]]")[0], ["duplicate name `greet`"]),
     ],

@@ -314,6 +314,13 @@ def test_usage_errors(cli: Cli) -> None:
     assert "must be a JSON array" in cli.fails(2, "execution", "submit", APPROVE, '{"a": 1}')
     assert "RESULT must be" in cli.fails(2, "execution", "stub", "E_x", '{"maybe": 1}')
     assert "RESULT is not valid JSON" in cli.fails(2, "execution", "stub", "E_x", "ok")
+    assert "NaN is not a JSON number" in cli.fails(2, "execution", "submit", APPROVE, "[NaN]")
+    assert "surrogates not allowed" in cli.fails(
+        2, "execution", "submit", APPROVE, '["\\ud800"]'
+    )
+    assert "--api-url 'localhost:5005' is not an http(s) URL" in cli.fails(
+        2, "--api-url", "localhost:5005", "execution", "list"
+    )
     assert "invalid choice" in cli.fails(2, "execution", "frobnicate")
     assert "--limit" in cli.fails(2, "execution", "list", "--limit", "0")
     assert "missing command" in cli.fails(2)
