@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -65,32 +66,17 @@ def outcome_to_event(
     """Map one run's outcome to the event to append (SPEC §5.1–5.3). A returned value
     that does not match the declared `ok_type`/`err_type` is a failure, not a result."""
     s = locked.summary
-    if isinstance(outcome, RunErr) and err_type is not None:
+    checked = {RunOk: (ok_type, "return value"), RunErr: (err_type, "error value")}
+    wit_type, what = checked.get(type(outcome), (None, ""))
+    if wit_type is not None:
+        assert isinstance(outcome, RunOk | RunErr)
         try:
-            outcome = RunErr(validate_json(outcome.value, err_type, "error value"), outcome.permanent)
+            outcome = dataclasses.replace(outcome, value=validate_json(outcome.value, wit_type, what))
         except WitValueError as e:
-            detail = str(e)
-            return on_temporary_failure(
-                s,
-                now,
-                "invalid error value",
-                detail,
-                ev.ExecutionFailure("uncategorized", "invalid error value", detail),
-            )
+            failure = ev.ExecutionFailure("uncategorized", f"invalid {what}", str(e))
+            return on_temporary_failure(s, now, failure.reason, str(e), failure)
     match outcome:
         case RunOk(value=value):
-            if ok_type is not None:
-                try:
-                    value = validate_json(value, ok_type, "return value")
-                except WitValueError as e:
-                    detail = str(e)
-                    return on_temporary_failure(
-                        s,
-                        now,
-                        "invalid return value",
-                        detail,
-                        ev.ExecutionFailure("uncategorized", "invalid return value", detail),
-                    )
             return ev.Finished(ev.ResultOk(value))
         case RunErr(value=value, permanent=True):
             return ev.Finished(ev.ResultErr(value))

@@ -136,7 +136,7 @@ class ObeliskApp(App[None]):
                     continue
                 new, forced = await self._next_change(generation)
             except ApiError as e:
-                self._connection_lost(e)
+                self.report_error(e)
                 await asyncio.sleep(1.0)  # the server may be restarting: retry calmly
                 continue
             if self._disconnected:
@@ -208,24 +208,21 @@ class ObeliskApp(App[None]):
                 screen.post_message(DeploymentReloaded(deployment))
 
     def report_error(self, error: ApiError) -> None:
-        # The same error again within its toast's life (a retry loop, several panes
-        # refreshing) would only stack identical toasts over the screen.
-        if self._disconnected and isinstance(error, ServerUnreachable):
-            return  # the header says so until it is back
+        if isinstance(error, ServerUnreachable):
+            if self._disconnected:
+                return  # the header says so until it is back
+            # One notice, and a lasting mark that `follow_changes` clears once the
+            # server answers again (retries and several panes would stack toasts).
+            self._disconnected = True
+            self.sub_title = f"{self.backend.label} · DISCONNECTED, retrying"
+            self.notify(error.message, title="server unreachable", severity="error", timeout=8)
+            return
+        # The same error again within its toast's life would only stack identical toasts.
         now = time.monotonic()
         if self._last_error == error.message and now - self._last_error_at < 8.0:
             return
         self._last_error, self._last_error_at = error.message, now
-        title = "server unreachable" if isinstance(error, ServerUnreachable) else "error"
-        self.notify(error.message, title=title, severity="error", timeout=8)
-
-    def _connection_lost(self, error: ApiError) -> None:
-        """One notice and a lasting mark in the header while the engine is unreachable."""
-        if not self._disconnected:
-            self.report_error(error)
-            self._disconnected = isinstance(error, ServerUnreachable)
-            if self._disconnected:
-                self.sub_title = f"{self.backend.label} · DISCONNECTED, retrying"
+        self.notify(error.message, title="error", severity="error", timeout=8)
 
     def _connection_back(self) -> None:
         self._disconnected = False

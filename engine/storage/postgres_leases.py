@@ -180,11 +180,7 @@ class PostgresLeases:
                     " WHERE pg_try_advisory_lock(lock_key)",
                     list(self._held),
                 )
-                if rows:
-                    await conn.execute(
-                        "SELECT pg_advisory_unlock(k) FROM unnest($1::bigint[]) AS k",
-                        [r["lock_key"] for r in rows],
-                    )
+                await _unlock(conn, rows)
             except _FAILURES as e:
                 log.warning("executor leases: %s; reconnecting", _first_line(e))
                 self._lost(conn)
@@ -210,11 +206,7 @@ class PostgresLeases:
                         " WHERE pg_try_advisory_lock(lock_key)) RETURNING lock_key",
                         gone,
                     )
-                if rows:
-                    await conn.execute(
-                        "SELECT pg_advisory_unlock(k) FROM unnest($1::bigint[]) AS k",
-                        [r["lock_key"] for r in rows],
-                    )
+                await _unlock(conn, rows)
             except _FAILURES as e:
                 log.warning("executor leases: %s; reconnecting", _first_line(e))
                 self._lost(conn)
@@ -261,3 +253,12 @@ async def _drop_sql(conn: asyncpg.Connection, executor_id: str, key: int) -> Non
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+async def _unlock(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> None:
+    """Give back the advisory locks that a dead-executor probe took."""
+    if rows:
+        await conn.execute(
+            "SELECT pg_advisory_unlock(k) FROM unnest($1::bigint[]) AS k",
+            [r["lock_key"] for r in rows],
+        )

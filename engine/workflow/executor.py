@@ -176,9 +176,9 @@ class WorkflowExecutor(BaseExecutor):
             result: ev.ExecutionResult
             match outcome:
                 case WfOk(value=value):
-                    result = self._checked_ok(locked.ffqn, value)
+                    result = self._checked(locked.ffqn, value, err=False)
                 case WfErr(value=value):
-                    result = self._checked_err(locked.ffqn, value)
+                    result = self._checked(locked.ffqn, value, err=True)
                 case WfTrap(reason=reason, detail=detail):
                     result = ev.ExecutionFailure("uncategorized", reason, detail)
                 case _:
@@ -187,24 +187,18 @@ class WorkflowExecutor(BaseExecutor):
         except RunAborted:
             self._finish_aborted(host)
 
-    def _checked_ok(self, ffqn: str, value: Any) -> ev.ExecutionResult:
-        info = self.component.functions[ffqn]
-        ok_type = _ok_type(info.return_type)
-        if ok_type is None:
-            return ev.ResultOk(value)
+    def _checked(self, ffqn: str, value: Any, *, err: bool) -> ev.ExecutionResult:
+        """The returned (`ok`) or thrown (`err`) value, if it has the declared type."""
+        return_type = self.component.functions[ffqn].return_type
+        wit_type = (_err_type if err else _ok_type)(return_type)
+        make = ev.ResultErr if err else ev.ResultOk
+        if wit_type is None:
+            return make(value)
+        what = "error value" if err else "return value"
         try:
-            return ev.ResultOk(validate_json(value, ok_type, "return value"))
+            return make(validate_json(value, wit_type, what))
         except WitValueError as e:
-            return ev.ExecutionFailure("uncategorized", "invalid return value", str(e))
-
-    def _checked_err(self, ffqn: str, value: Any) -> ev.ExecutionResult:
-        err_type = _err_type(self.component.functions[ffqn].return_type)
-        if err_type is None:
-            return ev.ResultErr(value)
-        try:
-            return ev.ResultErr(validate_json(value, err_type, "error value"))
-        except WitValueError as e:
-            return ev.ExecutionFailure("uncategorized", "invalid error value", str(e))
+            return ev.ExecutionFailure("uncategorized", f"invalid {what}", str(e))
 
     def _finish_aborted(self, host: ReplayHost) -> None:
         if host.failure is None:
