@@ -75,7 +75,17 @@ def render_component(c: ComponentInfo) -> RenderableType:
 
 
 class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
-    BINDINGS = [Binding("escape", "back", "Back")]
+    BINDINGS = [
+        Binding("escape", "back", "Back"),
+        # The keys of the execution list, for the table (it binds only arrows/home/end).
+        Binding("j", "table('cursor_down')", show=False),
+        Binding("k", "table('cursor_up')", show=False),
+        Binding("g", "table('scroll_top')", show=False),
+        Binding("G", "table('scroll_bottom')", show=False),
+    ]
+
+    async def action_table(self, action: str) -> None:
+        await self.query_one("#components", DataTable).run_action(action)
 
     def __init__(self) -> None:
         super().__init__()

@@ -62,6 +62,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         Binding("left_square_bracket", "travel(-1)", "◀ version"),
         Binding("right_square_bracket", "travel(1)", "version ▶"),
         Binding("P", "parent", "Parent"),
+        Binding("P", "explain_parent", show=False),  # greyed "Parent": say why
         Binding("p", "act('pause')", "Pause"),
         Binding("p", "explain('pause')", show=False),
         Binding("u", "act('unpause')", "Unpause"),
@@ -246,6 +247,9 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
     # -- navigation ----------------------------------------------------------------------
     def action_back(self) -> None:
         self.app.pop_screen()
+
+    def action_explain_parent(self) -> None:
+        self.notify(f"{self.execution_id} is a top-level execution", severity="warning")
 
     def action_parent(self) -> None:
         if self.info is None or not self.info["parent_id"]:

@@ -266,6 +266,9 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
         await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
                     and app.screen.execution_id == eid and app.screen is not screen,
                     what="the parent")
+        await pilot.press("P")  # the top-level parent has no parent: say so
+        await until(pilot, lambda: any("is a top-level execution" in n for n in notices(app)),
+                    what="the explanation")
         await pilot.press("escape", "escape")
         assert app.screen is screen
 
@@ -332,6 +335,16 @@ async def test_components_screen_and_hot_reload(console_engine: Engine, tmp_path
         await pilot.press("C")
         await until(pilot, lambda: isinstance(app.screen, ComponentsScreen), what="components")
         await until(pilot, lambda: "fanout" in screen_text(app), what="the table")
+        table = app.screen.query_one("#components")
+        await pilot.press("j", "j")
+        await until(pilot, lambda: table.cursor_row == 2, what="j moves down")  # type: ignore[attr-defined]
+        await pilot.press("k")
+        await until(pilot, lambda: table.cursor_row == 1, what="k moves up")  # type: ignore[attr-defined]
+        await pilot.press("G")
+        last = table.row_count - 1  # type: ignore[attr-defined]
+        await until(pilot, lambda: table.cursor_row == last, what="G to the end")  # type: ignore[attr-defined]
+        await pilot.press("g")
+        await until(pilot, lambda: table.cursor_row == 0, what="g to the top")  # type: ignore[attr-defined]
         text = screen_text(app)
         for name in ("step", "spin", "approval", "order"):
             assert name in text
