@@ -99,3 +99,5 @@ class ChildrenTree(Tree[str]):
         self.root.expand()
         if cursor is not None and cursor in nodes:
             self.move_cursor(nodes[cursor])
+        elif self.root.children:  # the root is hidden: without this `enter` has no row
+            self.move_cursor(self.root.children[0])

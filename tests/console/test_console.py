@@ -256,7 +256,7 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
                     what="the children")
         tree = screen.query_one("#children-tree")
         tree.focus()
-        await pilot.press("down", "enter")
+        await pilot.press("enter")  # the cursor starts on the first child
         await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
                     and app.screen is not screen, what="the child's detail")
         child = app.screen
