@@ -275,6 +275,19 @@ def event_summary(event: dict[str, Any]) -> str:
     return _short_json(event)
 
 
+def requested_child(event: dict[str, Any]) -> str | None:
+    """The child execution an event requested (`join_set_request` of a child), if any:
+    what `enter` on its row opens."""
+    if event.get("type") != "history_event":
+        return None
+    h = event.get("event") or {}
+    req = h.get("request") or {}
+    if h.get("type") == "join_set_request" and req.get("type") == "child_execution_request":
+        child = req.get("child_execution_id")
+        return str(child) if child else None
+    return None
+
+
 def _history_summary(h: dict[str, Any]) -> str:
     kind = h.get("type")
     js = h.get("join_set_id", "")

@@ -211,6 +211,16 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         self.query_one(EventLog).move_cursor(target)
         self._show_state()
 
+    @on(EventLog.Activated)
+    def _event_activated(self, event: EventLog.Activated) -> None:
+        log = self.query_one(EventLog)
+        entry = log.events[event.index] if event.index < len(log.events) else None
+        child = model.requested_child(entry["event"]) if entry is not None else None
+        if child is None:
+            self.notify("enter opens the child that a child request row names", timeout=3)
+            return
+        self.obelisk.open_execution(child)
+
     @on(EventLog.CursorMoved)
     def _event_selected(self, event: EventLog.CursorMoved) -> None:
         log = self.query_one(EventLog)

@@ -236,6 +236,14 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
         log.move_cursor(submit_version)
         await until(pilot, lambda: "the submitting line" in screen_text(app), what="the source")
         assert "fanout.js:" in screen_text(app)
+        log.focus()
+        await pilot.press("enter")  # on the child request: open the child
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
+                    and app.screen is not screen, what="the requested child")
+        requested = log.events[submit_version]["event"]["event"]["request"]["child_execution_id"]
+        assert app.screen.execution_id == requested  # type: ignore[attr-defined]
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is screen, what="back")
 
         # Time travel: the diagram goes back to the version under the cursor.
         await until(pilot, lambda: screen.travel == submit_version, what="travel")
