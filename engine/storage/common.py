@@ -43,6 +43,13 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message ("" if it has none): database errors
+    carry details and hints on the lines after it."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def us(dt: datetime) -> int:
     """Exact integer microseconds since the epoch (floats lose the last digit)."""
     return ((dt if dt.tzinfo else dt.replace(tzinfo=UTC)) - EPOCH) // _MICRO

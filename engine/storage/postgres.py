@@ -61,6 +61,7 @@ from engine.storage.common import (
     dt,
     event_type,
     execution_row,
+    first_line,
     frames_decoder,
     grouped_responses,
     not_before,
@@ -270,11 +271,11 @@ def _start_error(target: PostgresTarget, e: BaseException) -> StorageError:
     if isinstance(e, asyncpg.InvalidPasswordError):
         return StorageError(f"cannot connect to {where}: password authentication failed")
     if isinstance(e, asyncpg.InvalidAuthorizationSpecificationError):
-        return StorageError(f"cannot connect to {where}: {_first_line(e)}")
+        return StorageError(f"cannot connect to {where}: {first_line(e)}")
     if isinstance(e, asyncpg.InvalidCatalogNameError):
-        return StorageError(f"cannot connect to {where}: {_first_line(e)}")
+        return StorageError(f"cannot connect to {where}: {first_line(e)}")
     if isinstance(e, asyncpg.PostgresError):
-        return StorageError(f"database {where}: {_first_line(e)}")
+        return StorageError(f"database {where}: {first_line(e)}")
     if isinstance(e, TimeoutError):
         return StorageError(f"cannot connect to {where}: timed out")
     if isinstance(e, ConnectionRefusedError):
@@ -282,11 +283,7 @@ def _start_error(target: PostgresTarget, e: BaseException) -> StorageError:
     if isinstance(e, OSError):
         reason = e.strerror or str(e) or type(e).__name__
         return StorageError(f"cannot connect to {where}: {reason} (is the server running?)")
-    return StorageError(f"cannot connect to {where}: {_first_line(e) or type(e).__name__}")
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return StorageError(f"cannot connect to {where}: {first_line(e) or type(e).__name__}")
 
 
 def is_connection_error(e: BaseException) -> bool:
@@ -604,9 +601,9 @@ class PostgresStorage:
                     return []
                 self._drop_writer()
                 if time.monotonic() > deadline:
-                    self._fail(batch, f"database {self.path} unreachable: {_first_line(e)}")
+                    self._fail(batch, f"database {self.path} unreachable: {first_line(e)}")
                     return []
-                log.warning("database connection lost (%s); reconnecting", _first_line(e))
+                log.warning("database connection lost (%s); reconnecting", first_line(e))
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
         self.stats["commits"] += 1
@@ -646,7 +643,7 @@ class PostgresStorage:
                 # Any failure of the check itself (the connection dropped again, a backend
                 # still terminating) is retried until the deadline: the answer decides
                 # whether acknowledged writes are lost or done twice.
-                log.warning("checking the outcome of a lost commit: %s", _first_line(e))
+                log.warning("checking the outcome of a lost commit: %s", first_line(e))
                 self._drop_writer()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
@@ -707,7 +704,7 @@ class PostgresStorage:
             except Exception as e:
                 if self._closed:
                     break
-                log.warning("database listener: %s; reconnecting", _first_line(e) or type(e).__name__)
+                log.warning("database listener: %s; reconnecting", first_line(e) or type(e).__name__)
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -786,7 +783,7 @@ class PostgresStorage:
             except Exception as e:
                 if not is_connection_error(e) or time.monotonic() > deadline:
                     if isinstance(e, asyncpg.PostgresError | asyncpg.InterfaceError | OSError):
-                        raise StorageError(f"database read failed: {_first_line(e)}") from None
+                        raise StorageError(f"database read failed: {first_line(e)}") from None
                     raise
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
@@ -1528,7 +1525,7 @@ def _translate(e: Exception) -> Exception:
     if isinstance(e, IllegalAppend):
         return Conflict(str(e))
     if isinstance(e, asyncpg.PostgresError):
-        return StorageError(f"database error: {_first_line(e)}")
+        return StorageError(f"database error: {first_line(e)}")
     return e
 
 

@@ -34,6 +34,8 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from engine.storage.common import first_line
+
 log = logging.getLogger("obelisk.storage")
 
 #: What the lease connection's failures look like (then it is dropped and reopened).
@@ -129,13 +131,13 @@ class PostgresLeases:
         try:
             conn = await self._connect()
         except _FAILURES as e:
-            log.warning("executor leases: cannot connect (%s); retrying", _first_line(e))
+            log.warning("executor leases: cannot connect (%s); retrying", _reason(e))
             return None
         try:
             for executor_id, key in list(self._held.items()):
                 await _take_sql(conn, executor_id, key)
         except _FAILURES as e:
-            log.warning("executor leases: %s; reconnecting", _first_line(e))
+            log.warning("executor leases: %s; reconnecting", _reason(e))
             with contextlib.suppress(Exception):
                 conn.terminate()
             return None
@@ -152,7 +154,7 @@ class PostgresLeases:
         try:
             await statement(conn, executor_id, key)
         except _FAILURES as e:
-            log.warning("executor leases: %s; reconnecting", _first_line(e))
+            log.warning("executor leases: %s; reconnecting", _reason(e))
             self._lost(conn)
 
     def _lost(self, conn: asyncpg.Connection) -> None:
@@ -182,7 +184,7 @@ class PostgresLeases:
                 )
                 await _unlock(conn, rows)
             except _FAILURES as e:
-                log.warning("executor leases: %s; reconnecting", _first_line(e))
+                log.warning("executor leases: %s; reconnecting", _reason(e))
                 self._lost(conn)
                 return set()
             return {str(r["executor_id"]) for r in rows}
@@ -208,7 +210,7 @@ class PostgresLeases:
                     )
                 await _unlock(conn, rows)
             except _FAILURES as e:
-                log.warning("executor leases: %s; reconnecting", _first_line(e))
+                log.warning("executor leases: %s; reconnecting", _reason(e))
                 self._lost(conn)
 
     async def close(self) -> None:
@@ -251,10 +253,6 @@ async def _drop_sql(conn: asyncpg.Connection, executor_id: str, key: int) -> Non
     await conn.execute("SELECT pg_advisory_unlock($1)", key)
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
 async def _unlock(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> None:
     """Give back the advisory locks that a dead-executor probe took."""
     if rows:
@@ -262,3 +260,7 @@ async def _unlock(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> None:
             "SELECT pg_advisory_unlock(k) FROM unnest($1::bigint[]) AS k",
             [r["lock_key"] for r in rows],
         )
+
+
+def _reason(e: BaseException) -> str:
+    return first_line(e) or type(e).__name__

@@ -136,13 +136,12 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         backend = self.obelisk.backend
         eid = self.execution_id
         try:
-            # Responses before events: each response read then has its request among
-            # the events read (they commit before or with it), so the fold is whole.
-            after = self.responses[-1]["cursor"] if self.responses else 0
-            new_responses = await backend.responses(eid, after)
             info = await backend.status(eid)
-            if info != self.info or new_responses:
-                self.responses += new_responses
+            if info != self.info:
+                # Responses before events: each response read then has its request among
+                # the events read (they commit before or with it), so the fold is whole.
+                after = self.responses[-1]["cursor"] if self.responses else 0
+                self.responses += await backend.responses(eid, after)
                 if info["next_version"] > len(self.events):
                     self.events += await backend.events(eid, len(self.events))
                 if len(self.events) > info["next_version"]:  # written meanwhile
