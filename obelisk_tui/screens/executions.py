@@ -84,9 +84,10 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         except ApiError as e:
             self.obelisk.report_error(e)
             return
-        if not self.is_attached:  # the app quit (or the screen went) while we waited
-            return
-        self.query_one(StateCounts).show(counts, frozen=self.obelisk.frozen)
+        bar = self.query(StateCounts)
+        if not (self.is_attached and lst.is_attached and bar):  # the app quit (or the
+            return  # screen went, its widgets first) while we waited
+        bar.first().show(counts, frozen=self.obelisk.frozen)
         lst.show_window(total, offset, rows)
         self._update_title(total)
         self._refresh_footer()
