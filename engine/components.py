@@ -148,6 +148,7 @@ def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -
             signatures = wasm_activity.inspect_exports(component)
         except wasm_activity.ComponentLoadError as e:
             raise DeploymentError(f"{config.section}, key `location`: {e}") from None
+        _check_not_a_workflow(config, component)
         functions = {
             ffqn: FunctionInfo(
                 ffqn,
@@ -167,44 +168,74 @@ def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -
             wasm_activity.WasmActivityRunner(component, signatures),
         )
     if config.type == "workflow_js":
-        from engine.workflow.js_runtime import JsWorkflowRunner
-
-        digest = _typed_digest(config, data)
         source = data.decode("utf-8", errors="replace")
-        fn = _declared_function(config)
-        return LoadedComponent(
-            config,
-            ev.ComponentId("workflow_js", config.name, digest),
-            {fn.ffqn: fn},
-            JsWorkflowRunner(source, str(config.location), config.export),
-            source,
-        )
+        return js_workflow_component(config, source, _typed_digest(config, data), str(config.location))
     if config.type == "workflow_wasm":
-        from engine.workflow.wasm_runtime import WasmWorkflowLoadError, WasmWorkflowRunner
-
-        digest = file_digest(data)
         try:
             component = wasm_engine.load_component(config.location, cache_dir)
-            wf_runner = WasmWorkflowRunner(component, wasm_engine, label=str(config.location))
         except wasm_activity.ComponentLoadError as e:
             raise DeploymentError(f"{config.section}, key `location`: {e}") from None
-        except WasmWorkflowLoadError as e:
-            raise DeploymentError(f"{config.section}: {e}") from None
-        functions = {
-            ffqn: FunctionInfo(
-                ffqn,
-                tuple(Param(name, t, format_wit_type(t)) for name, t in sig.params),
-                sig.result,
-                config.name,
-                config.type,
-            )
-            for ffqn, sig in wf_runner.exports.items()
-        }
-        return LoadedComponent(
-            config, ev.ComponentId("workflow_wasm", config.name, digest), functions, wf_runner
-        )
+        return wasm_workflow_component(config, component, file_digest(data), wasm_engine)
     raise DeploymentError(
         f"{config.section}: {config.type} components are not supported by this version yet"
+    )
+
+
+def _check_not_a_workflow(config: ComponentConfig, component: Any) -> None:
+    """A workflow component declared as an activity would load and then fail every run."""
+    from engine.workers.wasm_activity import engine_of
+    from engine.workflow.wasm_runtime import workflow_only_imports
+
+    names = workflow_only_imports(component, engine_of(component).engine)
+    if names:
+        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        raise DeploymentError(
+            f"{config.section}, key `location`: {config.location} imports {names[0]}{more}, "
+            "which only workflows are given; a workflow component belongs in a "
+            "[[workflow_wasm]] section"
+        )
+
+
+def js_workflow_component(
+    config: ComponentConfig, source: str, digest: str, filename: str
+) -> LoadedComponent:
+    """A `workflow_js` component from its source (the deployed file, or an old version's
+    stored text: `engine.workflow.old_versions`)."""
+    from engine.workflow.js_runtime import JsWorkflowRunner
+
+    fn = _declared_function(config)
+    return LoadedComponent(
+        config,
+        ev.ComponentId("workflow_js", config.name, digest),
+        {fn.ffqn: fn},
+        JsWorkflowRunner(source, filename, config.export),
+        source,
+    )
+
+
+def wasm_workflow_component(
+    config: ComponentConfig, component: Any, digest: str, wasm_engine: Any
+) -> LoadedComponent:
+    """A `workflow_wasm` component from compiled code (the deployed file's, or an old
+    version's from the compiled cache); its exports are its functions."""
+    from engine.workflow.wasm_runtime import WasmWorkflowLoadError, WasmWorkflowRunner
+
+    try:
+        wf_runner = WasmWorkflowRunner(component, wasm_engine, label=str(config.location))
+    except WasmWorkflowLoadError as e:
+        raise DeploymentError(f"{config.section}: {e}") from None
+    functions = {
+        ffqn: FunctionInfo(
+            ffqn,
+            tuple(Param(name, t, format_wit_type(t)) for name, t in sig.params),
+            sig.result,
+            config.name,
+            config.type,
+        )
+        for ffqn, sig in wf_runner.exports.items()
+    }
+    return LoadedComponent(
+        config, ev.ComponentId("workflow_wasm", config.name, digest), functions, wf_runner
     )
 
 
@@ -242,12 +273,12 @@ async def load_registry(
             registry.functions[ffqn] = (info, component)
         registry.components.append(component)
     await asyncio.gather(
-        *(asyncio.to_thread(_check_workflow, c, registry) for c in registry.components)
+        *(asyncio.to_thread(check_workflow, c, registry) for c in registry.components)
     )
     return registry
 
 
-def _check_workflow(component: LoadedComponent, registry: Registry) -> None:
+def check_workflow(component: LoadedComponent, registry: Registry) -> None:
     """Workflows import other components' interfaces: check them against the registry."""
     if component.config.type == "workflow_wasm":
         _check_wasm_workflow(component, registry)

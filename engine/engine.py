@@ -151,7 +151,7 @@ class Engine:
             from engine.workflow.upgrade import PinnedWorkflowExecutor
 
             cls = PinnedWorkflowExecutor if pinned else WorkflowExecutor
-            return cls(
+            executor = cls(
                 self.storage,
                 component,
                 self.clock,
@@ -160,6 +160,8 @@ class Engine:
                 deployment_id=self.deployment_id,
                 direct_locks=self.direct_lock,
             )
+            executor.on_pinned = self.reloader.revive_soon
+            return executor
         return ActivityExecutor(self.storage, component, self.clock, self.threads)
 
     def direct_lock(self, ffqn: str, now: datetime) -> DirectLock | None:

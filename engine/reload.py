@@ -18,14 +18,15 @@ upgrade failed are pinned to the version that wrote their history, and a
 `PinnedWorkflowExecutor` of that old version runs them to the end; it is stopped once
 none of its executions is left unfinished.
 
-Limitations: old versions live in memory only. After a restart, an execution pinned to
-a version that is no longer deployed waits (pending, never run by other code) until a
-deployment brings that digest back or a later version passes its upgrade check; it is
-reported under `pinned` in the status. Executions of a workflow component removed from
-the deployment wait the same way for it to come back. The upgrade check happens on
-reloads: a workflow file edited while the engine is down is not checked at start.
+After a restart, versions that executions are pinned to are rebuilt from the stored
+source or the compiled cache (`engine.workflow.old_versions`); a workflow file edited
+while the engine was down is checked when its executions are next locked
+(`WorkflowExecutor._runs_on_this_version`). Executions pinned to a version that cannot
+be rebuilt, or of a workflow component removed from the deployment, wait (reported
+under `pinned`) until a deployment brings that digest or that function back.
 Engines sharing one database each watch and reload on their own; until all of them have
-reloaded, one still running the old version may run an upgraded execution on it.
+reloaded, one still running the old version checks an execution the new version wrote
+when it locks it, the same way.
 
 Clients are told about reloads through `ReloadManager.status()` (the last attempt: when,
 ok or the error in full, component changes, upgrade outcomes) and `subscribe()` (every
@@ -53,10 +54,10 @@ import watchfiles
 from engine.components import (
     LoadedComponent,
     Registry,
-    _check_workflow,
     _load_one_sync,
     _read,
     _typed_digest,
+    check_workflow,
     file_digest,
 )
 from engine.core.ids import new_deployment_id
@@ -100,6 +101,14 @@ class PinnedVersion(msgspec.Struct, frozen=True):
     component: str | None = None
 
 
+class OrphanedFunction(msgspec.Struct, frozen=True):
+    """A function that no deployed component exports, with unfinished executions: they
+    wait (pending, not run) until a deployment exports it again."""
+
+    ffqn: str
+    executions: int
+
+
 class ReloadStatus(msgspec.Struct, frozen=True):
     """The outcome of the engine's start or of one reload attempt."""
 
@@ -117,6 +126,9 @@ class ReloadStatus(msgspec.Struct, frozen=True):
     upgrades: list[UpgradeResult]
     pinned: list[PinnedVersion]
     duration_ms: float
+    #: Unfinished executions of functions the deployment in force does not export (at
+    #: start: all of them; after a reload: of the functions it removed).
+    orphaned: list[OrphanedFunction] = []
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = msgspec.to_builtins(self)
@@ -244,7 +256,7 @@ async def build_registry(
         registry.components.append(component)
     # Workflows are checked again even when reused: what they import may have gone.
     await asyncio.gather(
-        *(asyncio.to_thread(_check_workflow, c, registry) for c in registry.components)
+        *(asyncio.to_thread(check_workflow, c, registry) for c in registry.components)
     )
     return registry
 
@@ -330,6 +342,8 @@ class ReloadManager:
         self._watch_task: asyncio.Task[None] | None = None
         self._watching = asyncio.Event()
         self._retire_task: asyncio.Task[None] | None = None
+        self._revive_task: asyncio.Task[None] | None = None
+        self._revive_again = False
         self._stopping = False
 
     # -- public ---------------------------------------------------------------------------
@@ -355,13 +369,15 @@ class ReloadManager:
         upgrades: list[UpgradeResult] = []
         if self.engine.run_executors:
             try:
-                upgrades = await self._reconcile_pinned()
+                async with self._lock:
+                    upgrades = await self._reconcile_pinned()
+                    await self._revive_pinned(self.engine.registry)
             except StorageError as e:
                 log.error("checking pinned executions at start: %s", e)
         pinned = await self._pinned_summary()
-        self._publish(
-            self._make_status("start", True, None, t0, upgrades=upgrades, pinned=pinned)
-        )
+        orphaned = await self._orphaned(self.engine.registry, None)
+        status = self._make_status("start", True, None, t0, upgrades=upgrades, pinned=pinned)
+        self._publish(msgspec.structs.replace(status, orphaned=orphaned))
         if watch:
             self._watch_task = asyncio.create_task(self._watch_loop(), name="deployment watcher")
             with contextlib.suppress(TimeoutError):
@@ -370,7 +386,7 @@ class ReloadManager:
 
     async def stop(self) -> None:
         self._stopping = True
-        for task in (self._watch_task, self._retire_task):
+        for task in (self._watch_task, self._retire_task, self._revive_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -423,6 +439,7 @@ class ReloadManager:
         if engine.run_executors:
             upgrades, upgrade_error = await self._apply(old, new)
         pinned = await self._pinned_summary()
+        orphaned = await self._orphaned(new, old.functions.keys() - new.functions.keys())
         status = self._make_status(
             trigger,
             upgrade_error is None,
@@ -433,6 +450,7 @@ class ReloadManager:
             upgrades,
             pinned,
         )
+        status = msgspec.structs.replace(status, orphaned=orphaned)
         log.info(
             "deployment reloaded (%s): %s%s",
             engine.deployment_id,
@@ -486,6 +504,7 @@ class ReloadManager:
                 if old_executor is not None:
                     self._pinned[digest] = old_executor
         with contextlib.suppress(StorageError):
+            await self._revive_pinned(new)
             await self._retire_pinned()
         return upgrades, error
 
@@ -560,6 +579,77 @@ class ReloadManager:
         return out
 
     # -- old versions -----------------------------------------------------------------------
+    def revive_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Thread-safe (`loop`: the engine's): an execution was just pinned to a version that may not be loaded
+        (a workflow executor found, when it locked it, that its history does not replay
+        on the deployed code): make sure an executor runs that version."""
+        if not self._stopping:
+            loop.call_soon_threadsafe(self._start_revive)
+
+    def _start_revive(self) -> None:
+        if self._stopping or (self._revive_task is not None and not self._revive_task.done()):
+            self._revive_again = True
+            return
+        self._revive_again = False
+        self._revive_task = asyncio.create_task(self._revive_later(), name="revive old versions")
+
+    async def _revive_later(self) -> None:
+        again = True
+        while again and not self._stopping:
+            try:
+                async with self._lock:
+                    await self._revive_pinned(self.engine.registry)
+                    await self._retire_pinned()
+            except StorageError as e:
+                log.error("starting old workflow versions: %s", e)
+            again, self._revive_again = self._revive_again, False
+
+    async def _revive_pinned(self, registry: Registry) -> None:
+        """Start an executor for every version that unfinished executions are pinned to
+        and that no executor runs (after a restart, or pinned when locked): rebuilt from
+        the stored source or the compiled cache (`engine.workflow.old_versions`)."""
+        from engine.workflow.old_versions import rebuild_old_version
+
+        deployed = {c.component_id.digest for c in registry.components}
+        wanted: dict[str, str] = {}
+        for row in await self.engine.storage.unfinished_executions(pinned_only=True):
+            digest = row.pinned_digest
+            if digest is not None and digest not in self._pinned and digest not in deployed:
+                wanted.setdefault(digest, row.ffqn)
+        for digest, ffqn in wanted.items():
+            component = await rebuild_old_version(self.engine, digest, ffqn, registry)
+            if component is not None and not self._stopping:
+                executor = self._start_executor(component, registry, pinned=True)
+                if executor is not None:
+                    self._pinned[digest] = executor
+
+    async def _orphaned(
+        self, registry: Registry, ffqns: Iterable[str] | None
+    ) -> list[OrphanedFunction]:
+        """Unfinished executions of `ffqns` (None: of any function) that `registry` does
+        not export, by function; logged as a warning."""
+        wanted = None if ffqns is None else sorted(ffqns)
+        if wanted == []:
+            return []
+        try:
+            rows = await self.engine.storage.unfinished_executions(wanted)
+        except StorageError as e:
+            log.error("counting executions of removed functions: %s", e)
+            return []
+        counts: dict[str, int] = {}
+        for row in rows:
+            if row.ffqn not in registry.functions:
+                counts[row.ffqn] = counts.get(row.ffqn, 0) + 1
+        out = [OrphanedFunction(f, n) for f, n in sorted(counts.items())]
+        for o in out:
+            log.warning(
+                "%d unfinished execution(s) of %s, which no deployed component exports: "
+                "they wait until a deployment exports it again",
+                o.executions,
+                o.ffqn,
+            )
+        return out
+
     async def _pinned_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for row in await self.engine.storage.unfinished_executions(pinned_only=True):
@@ -728,6 +818,7 @@ class ReloadManager:
 
 __all__ = [
     "ComponentChange",
+    "OrphanedFunction",
     "PinnedVersion",
     "ReloadManager",
     "ReloadStatus",

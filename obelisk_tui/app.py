@@ -201,7 +201,7 @@ class ObeliskApp(App[None]):
             self.notify(
                 reload_summary(reload) if ok else str(reload.get("error")),
                 title="hot reload" if ok else "hot reload failed: the previous version stays",
-                severity="information" if ok else "error",
+                severity=("warning" if reload.get("orphaned") else "information") if ok else "error",
                 timeout=6 if ok else 15,
             )
             for screen in self.screen_stack:

@@ -894,7 +894,9 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "`error` (the previous deployment stays in force), `changes` per component "
                 "(added/removed/changed/reconfigured with digests), workflow `upgrades` "
                 "(execution_id, from/to digest, outcome success|failed, reason) and "
-                "`pinned` old versions that unfinished executions stay on",
+                "`pinned` old versions that unfinished executions stay on, and "
+                "`orphaned`: functions no deployed component exports, with their count of "
+                "unfinished executions (they wait until a deployment exports them again)",
                 "required": ["generation", "at", "trigger", "ok", "error", "deployment_id",
                              "changes", "upgrades", "pinned"],
                 "properties": {
@@ -909,6 +911,16 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                     "changes": {"type": "array", "items": {"type": "object"}},
                     "upgrades": {"type": "array", "items": {"type": "object"}},
                     "pinned": {"type": "array", "items": {"type": "object"}},
+                    "orphaned": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "ffqn": {"type": "string"},
+                                "executions": {"type": "integer"},
+                            },
+                        },
+                    },
                     "duration_ms": {"type": "number"},
                 },
             },

@@ -369,6 +369,22 @@ class WasmEngine:
     ) -> wc.Component:
         return self.load(source, cache_dir).component
 
+    def load_cached(self, digest: str, cache_dir: Path | str) -> wc.Component | None:
+        """The compiled component of file digest `sha256:…` from `cache_dir`, if it is
+        there and usable: how an old version whose file changed is run again."""
+        hexdigest = digest.removeprefix("sha256:")
+        try:
+            cached = (Path(cache_dir) / f"{hexdigest}-{cache_tag()}.cwasm").read_bytes()
+        except OSError:
+            return None
+        try:
+            component = wc.Component.deserialize(self.engine, cached)
+        except WasmtimeError as e:
+            _log.warning("ignoring unusable compiled cache of %s: %s", digest, e)
+            return None
+        _COMPONENT_ENGINES[component] = self
+        return component
+
     def verify_instantiable(self, component: wc.Component, timeout: float = 5.0) -> None:
         """Instantiate `component` once with the activity linker; `ComponentLoadError`
         naming the cause when that fails."""

@@ -55,6 +55,9 @@ class WorkflowExecutor(BaseExecutor):
         self.direct_locks = direct_locks
         self.retry = ev.RetryConfig(None, self.component.config.retry_exp_backoff_ms)
         self._on_stop: dict[str, Any] = {}
+        #: Called (from a worker thread, with the engine's loop) after a run pinned an
+        #: execution to the version that wrote it (`ReloadManager.revive_soon`).
+        self.on_pinned: Callable[[asyncio.AbstractEventLoop], None] | None = None
 
     async def stop(self) -> None:
         self._stopping = True
@@ -130,12 +133,83 @@ class WorkflowExecutor(BaseExecutor):
         # (SPEC §6.2): host calls extend the lock, spinning does not.
         spin_timeout = self.component.config.exec.lock_expiry_ms / 1000
         try:
-            outcome = runner.run(host, locked.params, spin_timeout=spin_timeout)
-            self._finish(host, locked, outcome, spin_timeout)
+            if self._runs_on_this_version(host, locked):
+                outcome = runner.run(host, locked.params, spin_timeout=spin_timeout)
+                self._finish(host, locked, outcome, spin_timeout)
         finally:
             # Writes may have been answered before they were durable: the run is over
             # once they are (or are known lost: a later run replays).
             host.wait_durable()
+
+    def _runs_on_this_version(self, host: ReplayHost, locked: LockedExecution) -> bool:
+        """May this version run the execution? Yes when it wrote the history (or there is
+        none). History written by another version — the file was edited while the engine
+        was stopped, or an upgrade check never ran — is first replayed against this code
+        (SPEC §9.3, as on a reload): compatible → `component_upgrade_finished{success}`
+        and the run goes on; incompatible → `…{failed}`, the execution is pinned to the
+        version that wrote it and released, and an executor of that version is asked
+        for (`on_pinned`)."""
+        from engine.workflow.upgrade import DryRunHost, check_compatible, history_digest
+
+        digest = self.component.component_id.digest
+        writer = history_digest(locked.events or [])
+        if writer is None or writer == digest:
+            return True
+        cfg = self.component.config
+        dry = DryRunHost(
+            locked=locked,
+            storage=self.storage,
+            registry=self.registry,
+            clock=self.clock,
+            loop=host.loop,
+            component_id=self.component.component_id,
+            executor_id="Exr_upgrade-check",
+            deployment_id="",
+            lock_expiry=timedelta(milliseconds=cfg.exec.lock_expiry_ms),
+            strategy="await",
+        )
+        ok, reason = check_compatible(self.component.runner, dry, locked.params)
+        outcome: ev.UpgradeSuccess | ev.UpgradeFailed = (
+            ev.UpgradeSuccess() if ok else ev.UpgradeFailed(reason)
+        )
+        event = ev.ComponentUpgradeFinished(digest, self.deployment_id, outcome)
+        if ok:
+            log.info("workflow %s: upgraded from %s to %s", locked.execution_id, writer, digest)
+            try:
+                host.flush([event])
+            except RunAborted:
+                return False
+            return True
+        log.warning(
+            "workflow %s: its history, written by version %s, does not replay on %s (%s); "
+            "it stays on %s",
+            locked.execution_id,
+            writer,
+            digest,
+            reason,
+            writer,
+        )
+        now = self.clock.now()
+        try:
+            s = host._sync(
+                self.storage.append_upgrade_finished(
+                    locked.execution_id, host.version, event, writer, now
+                )
+            )
+            host._sync(
+                self.storage.append(
+                    locked.execution_id,
+                    s.next_version,
+                    [ev.Unlocked(now, f"pinned to version {writer}")],
+                    now,
+                )
+            )
+        except (Conflict, RunAborted) as e:
+            log.info("workflow %s: could not pin it: %s", locked.execution_id, e)
+            return False
+        if self.on_pinned is not None:
+            self.on_pinned(host.loop)
+        return False
 
     def _finish(
         self, host: ReplayHost, locked: LockedExecution, outcome: Any, spin_timeout: float

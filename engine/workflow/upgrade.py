@@ -162,6 +162,26 @@ def running_digest(events: Iterable[ev.StoredEvent]) -> str | None:
     return digest
 
 
+def history_digest(events: Iterable[ev.StoredEvent]) -> str | None:
+    """The component digest that wrote the execution's history: the one in force (its
+    `created` or latest `locked`) at its last history event, or the target of a later
+    successful upgrade. None while it has no history (any version may start it). A
+    `locked` by another version that wrote nothing does not change it."""
+    in_force: str | None = None
+    writer: str | None = None
+    for stored in events:
+        match stored.event:
+            case ev.HistoryEvent():
+                writer = in_force
+            case ev.Created(component_id=c) | ev.Locked(component_id=c):
+                in_force = c.digest
+            case ev.ComponentUpgradeFinished(digest=d, outcome=ev.UpgradeSuccess()):
+                in_force = writer = d
+            case _:
+                pass
+    return writer
+
+
 def _last_upgrade(events: list[ev.StoredEvent]) -> ev.ComponentUpgradeFinished | None:
     for stored in reversed(events):
         if isinstance(stored.event, ev.ComponentUpgradeFinished):
@@ -335,5 +355,6 @@ __all__ = [
     "UpgradeResult",
     "Upgrader",
     "check_compatible",
+    "history_digest",
     "running_digest",
 ]

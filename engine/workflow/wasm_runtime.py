@@ -416,6 +416,17 @@ def _classify(name: str) -> tuple[str, str | None]:
     return "direct", name
 
 
+def workflow_only_imports(component: wc.Component, engine: wasmtime.Engine) -> list[str]:
+    """The imports of `component` that only a workflow is given (the workflow host API,
+    extension interfaces, other components' functions): an activity importing one can
+    never be instantiated."""
+    return [
+        name
+        for name in component.type.imports(engine)
+        if _classify(name)[0] not in ("wasi", "log", "types", "unsupported")
+    ]
+
+
 def _inspect_imports(component: wc.Component, engine: wasmtime.Engine) -> list[_ImportedInterface]:
     out: list[_ImportedInterface] = []
     for name, ext in component.type.imports(engine).items():

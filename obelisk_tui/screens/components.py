@@ -35,6 +35,9 @@ def reload_summary(reload: dict[str, Any]) -> str:
     text = f"reloaded {at} ({trigger}): {len(changes)} component change(s)"
     if upgrades:
         text += f", {len(upgrades)} workflow upgrade(s)" + (f", {failed} failed (kept on the old version)" if failed else "")
+    waiting = sum(int(o.get("executions") or 0) for o in reload.get("orphaned") or [])
+    if waiting:
+        text += f"; {waiting} execution(s) of removed functions wait"
     return text
 
 
@@ -59,6 +62,12 @@ def render_reload(reload: dict[str, Any]) -> RenderableType:
         parts.append(table)
     if reload.get("pinned"):
         parts.append(Text(f"{len(reload['pinned'])} old version(s) kept for executions pinned to them", style="dim"))
+    if reload.get("orphaned"):
+        parts.append(Text("waiting: no deployed component exports their function", style="bold #e0b050"))
+        table = Table("function", "unfinished executions", box=None, padding=(0, 1))
+        for o in reload["orphaned"]:
+            table.add_row(str(o.get("ffqn")), str(o.get("executions")))
+        parts.append(table)
     return Group(*parts)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import textwrap
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -20,7 +21,7 @@ from engine.core import events as ev
 from engine.core.state import ExecutionSummary
 from engine.engine import Engine
 from engine.errors import UnknownFunction
-from engine.reload import ReloadStatus
+from engine.reload import OrphanedFunction, ReloadStatus
 from engine.server.api import make_app
 from engine.storage.contract import CreateRequest, VersionConflict
 from engine.storage.sqlite import SqliteStorage
@@ -502,7 +503,7 @@ async def test_reverting_to_the_pinned_version_unpins(
     assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
 
 
-async def test_pinned_execution_waits_after_a_restart_without_its_version(
+async def test_pinned_execution_finishes_on_its_version_after_a_restart(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
     engine = await start_engine(workflow_toml("interrupt"), files={"order.js": ORDER_V1})
@@ -512,11 +513,42 @@ async def test_pinned_execution_waits_after_a_restart_without_its_version(
     await edit_and_wait(engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order"))
     await engine.stop()
 
-    # Restarted with version 2 only: the execution is reported and not run.
+    # Restarted with version 2 only: version 1 is rebuilt from its stored source.
     again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
     try:
         status = again.reload_status()
         assert status.upgrades == []  # already known to be incompatible with version 2
+        assert [(p.digest, p.executions, p.running) for p in status.pinned] == [
+            (old_digest, 1, True)
+        ]
+        fresh = await again.submit(ORDER, ["o-2"])
+        await again.stub(child, {"ok": "yes"})
+        assert await again.result(eid, timeout=10) == ev.ResultOk("v1 yes")
+        locks = [e.event for e in await again.storage.get_events(eid) if isinstance(e.event, ev.Locked)]
+        assert locks[-1].component_id.digest == old_digest
+        # New executions run version 2 meanwhile.
+        await again.stub(await blocked_child(again, fresh), {"ok": "no"})
+        assert await again.result(fresh, timeout=10) == ev.ResultOk("v2 no")
+    finally:
+        await again.stop()
+
+
+async def test_pinned_execution_waits_when_its_version_cannot_be_rebuilt(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(workflow_toml("interrupt"), files={"order.js": ORDER_V1})
+    old_digest = engine.registry.function(ORDER)[1].component_id.digest
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+    await edit_and_wait(engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order"))
+    await engine.stop()
+    # As if the database had been copied without version 1's source.
+    with sqlite3.connect(tmp_path / "data" / "obelisk.sqlite") as db:
+        db.execute("DELETE FROM component_sources WHERE digest = ?", (old_digest,))
+
+    again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
+    try:
+        status = again.reload_status()
         assert [(p.digest, p.executions, p.running) for p in status.pinned] == [
             (old_digest, 1, False)
         ]
@@ -532,6 +564,84 @@ async def test_pinned_execution_waits_after_a_restart_without_its_version(
     try:
         [upgrade] = again.reload_status().upgrades
         assert (upgrade.execution_id, upgrade.outcome) == (eid, "success")
+        assert await again.result(eid, timeout=10) == ev.ResultOk("v1 yes")
+    finally:
+        await again.stop()
+
+
+@pytest.mark.parametrize("strategy", ["await", "interrupt"])
+async def test_workflow_edited_while_stopped_is_checked_when_locked(
+    start_engine: StartEngine, tmp_path: Path, strategy: str
+) -> None:
+    """The file changed while no engine ran: the first lock replays the history against
+    the new code — compatible continues on it, incompatible stays on the old version."""
+    engine = await start_engine(workflow_toml(strategy), files={"order.js": ORDER_V1})
+    old_digest = engine.registry.function(ORDER)[1].component_id.digest
+    compatible = await engine.submit(ORDER, ["o-1"])
+    incompatible = await engine.submit(ORDER, ["o-2"])
+    children = [await blocked_child(engine, compatible), await blocked_child(engine, incompatible)]
+    await engine.stop()
+
+    # Compatible with the first one's history only: the second asked for "o-2".
+    write(
+        tmp_path / "order.js",
+        ORDER_V2_INCOMPATIBLE.replace('id + "!"', 'id === "o-1" ? id : id + "!"'),
+    )
+    again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
+    try:
+        new_digest = again.registry.function(ORDER)[1].component_id.digest
+        for child in children:
+            await again.stub(child, {"ok": "yes"})
+        assert await again.result(compatible, timeout=10) == ev.ResultOk("v2 yes")
+        assert await again.result(incompatible, timeout=10) == ev.ResultOk("v1 yes")
+
+        [ok] = upgrade_events(await again.storage.get_events(compatible))
+        assert ok == ev.ComponentUpgradeFinished(new_digest, again.deployment_id, ev.UpgradeSuccess())
+        events = await again.storage.get_events(incompatible)
+        [failed] = upgrade_events(events)
+        assert failed.digest == new_digest and isinstance(failed.outcome, ev.UpgradeFailed)
+        assert '["o-2!"]' in failed.outcome.reason, failed.outcome.reason
+        locks = [e.event for e in events if isinstance(e.event, ev.Locked)]
+        assert locks[-1].component_id.digest == old_digest
+        assert not any(
+            isinstance(e.event, ev.Finished)
+            and isinstance(e.event.result, ev.ExecutionFailure)
+            for e in events
+        )
+    finally:
+        await again.stop()
+
+
+async def test_executions_of_a_removed_function_are_reported_as_waiting(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(workflow_toml(), files={"order.js": ORDER_V1})
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+    assert engine.reload_status().orphaned == []
+    without_workflow = workflow_toml().split("[[workflow_js]]")[0]
+    status = await edit_and_wait(
+        engine, tmp_path / "deployment.toml", without_workflow, changed("order")
+    )
+    assert status.ok, status.error
+    assert status.orphaned == [OrphanedFunction(ORDER, 1)]
+    with pytest.raises(UnknownFunction):
+        await engine.submit(ORDER, ["o-2"])
+    await engine.stop()
+
+    # Also at start, for a deployment without it.
+    again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
+    try:
+        assert again.reload_status().orphaned == [OrphanedFunction(ORDER, 1)]
+    finally:
+        await again.stop()
+
+    # Deployed again: nothing waits, the execution finishes.
+    write(tmp_path / "deployment.toml", workflow_toml())
+    again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
+    try:
+        assert again.reload_status().orphaned == []
+        await again.stub(child, {"ok": "yes"})
         assert await again.result(eid, timeout=10) == ev.ResultOk("v1 yes")
     finally:
         await again.stop()
@@ -587,3 +697,40 @@ async def test_storage_pins_executions_to_a_digest(tmp_path: Path) -> None:
         assert await storage.unfinished_executions(pinned_only=True) == []
     finally:
         await storage.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Which version wrote a history
+# ---------------------------------------------------------------------------------------
+
+
+def test_history_digest_is_the_version_in_force_at_the_last_history_event() -> None:
+    from engine.workflow.upgrade import history_digest
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    retry = ev.RetryConfig(None, 0)
+
+    def cid(d: str) -> ev.ComponentId:
+        return ev.ComponentId("workflow_js", "order", d)
+
+    def log(*events: ev.Event) -> list[ev.StoredEvent]:
+        return [ev.StoredEvent(i, at, e) for i, e in enumerate(events)]
+
+    created = ev.Created(ORDER, ["o-1"], at, cid("d1"), "Dep_1")
+
+    def locked(d: str) -> ev.Locked:
+        return ev.Locked(cid(d), "Exr_1", "Run_1", at, retry)
+
+    history = ev.HistoryEvent(ev.JoinSetCreate("o:1"))
+    upgraded = ev.ComponentUpgradeFinished("d2", "Dep_2", ev.UpgradeSuccess())
+    refused = ev.ComponentUpgradeFinished("d2", "Dep_2", ev.UpgradeFailed("no"))
+    assert history_digest(log(created)) is None
+    assert history_digest(log(created, locked("d1"))) is None  # nothing written yet
+    assert history_digest(log(created, locked("d1"), history)) == "d1"
+    # Locked by another version that wrote nothing (a check that failed, a crash).
+    assert history_digest(log(created, locked("d1"), history, locked("d2"))) == "d1"
+    assert history_digest(log(created, locked("d1"), history, locked("d2"), refused)) == "d1"
+    # Upgraded: its history is d2's from then on, also before d2 writes anything.
+    assert history_digest(log(created, locked("d1"), history, upgraded)) == "d2"
+    assert history_digest(log(created, locked("d1"), history, upgraded, locked("d2"))) == "d2"
+    assert history_digest(log(created, locked("d2"), history, locked("d1"), history)) == "d1"

@@ -267,6 +267,24 @@ async def test_an_import_of_other_types_is_a_deployment_error(
     ) in str(info.value)
 
 
+async def test_a_workflow_declared_as_an_activity_is_a_deployment_error(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    location = workflow_component("direct")
+    with pytest.raises(DeploymentError) as info:
+        await start_engine(
+            activity_section() + f"""
+    [[activity_wasm]]
+    name = "misplaced"
+    location = "{location}"
+    """
+        )
+    message = str(info.value)
+    assert '[[activity_wasm]] #2 "misplaced", key `location`' in message, message
+    assert f"{location} imports " in message
+    assert "a workflow component belongs in a [[workflow_wasm]] section" in message
+
+
 async def test_a_core_module_is_a_deployment_error(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
@@ -274,3 +292,25 @@ async def test_a_core_module_is_a_deployment_error(
         await start_engine(workflow_section("direct", location=fx.core_module_file()))
     assert "key `location`" in str(info.value)
     assert "core WebAssembly module" in str(info.value)
+
+
+async def test_an_old_version_is_rebuilt_from_the_compiled_cache(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    """Executions pinned to a WASM workflow version whose file changed run on its
+    compiled code from the cache (`engine.workflow.old_versions`)."""
+    from engine.workflow.old_versions import rebuild_old_version
+
+    engine = await start(start_engine, tmp_path, "direct")
+    ffqn = workflow_ffqn("direct")
+    deployed = engine.registry.function(ffqn)[1]
+    digest = deployed.component_id.digest
+    rebuilt = await rebuild_old_version(engine, digest, ffqn, engine.registry)
+    assert rebuilt is not None and rebuilt is not deployed
+    assert rebuilt.component_id == deployed.component_id
+    assert rebuilt.ffqns == [ffqn] and rebuilt.config is deployed.config
+    # Not in the cache (another data dir, a cleared cache): nothing to run it with.
+    missing = "sha256:" + "0" * 64
+    assert await rebuild_old_version(engine, missing, ffqn, engine.registry) is None
+    # No deployed workflow exports the function any more: no settings to run it with.
+    assert await rebuild_old_version(engine, digest, ADD, engine.registry) is None
