@@ -149,7 +149,12 @@ class WorkflowExecutor(BaseExecutor):
         and the run goes on; incompatible → `…{failed}`, the execution is pinned to the
         version that wrote it and released, and an executor of that version is asked
         for (`on_pinned`)."""
-        from engine.workflow.upgrade import DryRunHost, check_compatible, history_digest
+        from engine.workflow.upgrade import (
+            DryRunHost,
+            check_compatible,
+            history_digest,
+            params_mismatch,
+        )
 
         digest = self.component.component_id.digest
         writer = history_digest(locked.events or [])
@@ -168,7 +173,11 @@ class WorkflowExecutor(BaseExecutor):
             lock_expiry=timedelta(milliseconds=cfg.exec.lock_expiry_ms),
             strategy="await",
         )
-        ok, reason = check_compatible(self.component.runner, dry, locked.params)
+        mismatch = params_mismatch(self.component, locked.ffqn, locked.params)
+        if mismatch is not None:
+            ok, reason = False, mismatch
+        else:
+            ok, reason = check_compatible(self.component.runner, dry, locked.params)
         outcome: ev.UpgradeSuccess | ev.UpgradeFailed = (
             ev.UpgradeSuccess() if ok else ev.UpgradeFailed(reason)
         )

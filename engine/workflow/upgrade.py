@@ -38,6 +38,7 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
+from engine.wit.codec import WitValueError, validate_json
 from engine.workflow.executor import WorkflowExecutor
 from engine.workflow.host import ReplayHost
 from engine.workflow.host_api import RunAborted
@@ -145,6 +146,26 @@ def check_compatible(runner: Any, host: DryRunHost, params: list[Any]) -> tuple[
     if leftover is not None:
         return False, leftover
     return True, ""
+
+
+def params_mismatch(target: LoadedComponent, ffqn: str, params: list[Any]) -> str | None:
+    """Why the execution's stored params do not fit the new version's declared param
+    types (None: they fit): a changed signature is an incompatible upgrade even when
+    the code would replay."""
+    info = target.functions.get(ffqn)
+    if info is None:
+        return f"the new version does not export {ffqn}"
+    if len(params) != len(info.params):
+        return (
+            f"the new version of {ffqn} takes {len(info.params)} parameter(s), the execution "
+            f"was created with {len(params)}"
+        )
+    for i, (param, value) in enumerate(zip(info.params, params, strict=True)):
+        try:
+            validate_json(value, param.type, f"params[{i}] ({param.name})")
+        except WitValueError as e:
+            return f"its params do not fit the new version's types: {e}"
+    return None
 
 
 def running_digest(events: Iterable[ev.StoredEvent]) -> str | None:
@@ -258,14 +279,18 @@ class Upgrader:
                 return None
             ok, reason = True, ""  # the version it is pinned to is the deployed one again
         else:
-            responses = await self.storage.get_responses(eid)
-            host = self._dry_run_host(eid, events, responses, summary, target, registry)
             created = events[0].event
             assert isinstance(created, ev.Created)
-            loop = asyncio.get_running_loop()
-            ok, reason = await loop.run_in_executor(
-                self.threads, check_compatible, target.runner, host, created.params
-            )
+            mismatch = params_mismatch(target, created.ffqn, created.params)
+            if mismatch is not None:
+                ok, reason = False, mismatch
+            else:
+                responses = await self.storage.get_responses(eid)
+                host = self._dry_run_host(eid, events, responses, summary, target, registry)
+                loop = asyncio.get_running_loop()
+                ok, reason = await loop.run_in_executor(
+                    self.threads, check_compatible, target.runner, host, created.params
+                )
         event = ev.ComponentUpgradeFinished(
             digest, deployment_id, ev.UpgradeSuccess() if ok else ev.UpgradeFailed(reason)
         )
@@ -356,5 +381,6 @@ __all__ = [
     "Upgrader",
     "check_compatible",
     "history_digest",
+    "params_mismatch",
     "running_digest",
 ]

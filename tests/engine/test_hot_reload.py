@@ -481,6 +481,30 @@ async def test_incompatible_workflow_upgrade_finishes_on_the_old_code(
     assert all(e.component.component_id.digest != old_digest for e in engine.executors)
 
 
+async def test_changed_param_types_are_an_incompatible_upgrade(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(workflow_toml(), files={"order.js": ORDER_V1})
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+    # The same code, which would replay; but "o-1" is no u32.
+    retyped = workflow_toml().replace(
+        'params = [{ name = "id", type = "string" }]\nreturn_type = "result<string, string>"\n'
+        "blocking_strategy",
+        'params = [{ name = "id", type = "u32" }]\nreturn_type = "result<string, string>"\n'
+        "blocking_strategy",
+    )
+    assert retyped != workflow_toml()
+    status = await edit_and_wait(engine, tmp_path / "deployment.toml", retyped, changed("order"))
+    assert status.ok, status.error
+    [upgrade] = status.upgrades
+    assert (upgrade.execution_id, upgrade.outcome) == (eid, "failed")
+    assert "its params do not fit the new version's types" in upgrade.reason, upgrade.reason
+    assert "params[0] (id)" in upgrade.reason, upgrade.reason
+    await engine.stub(child, {"ok": "yes"})
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
+
+
 async def test_reverting_to_the_pinned_version_unpins(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
