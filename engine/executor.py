@@ -354,7 +354,12 @@ class ActivityExecutor(BaseExecutor):
             lines: list[LogLine] = []
             remaining = (locked.lock_expires_at - self.clock.now()).total_seconds()
             deadline = time.monotonic() + max(0.0, remaining)
-            run = self._runner_call(locked, deadline, cancel, lines.append)
+            clock = self.clock
+
+            def sink(line: LogLine) -> None:  # stamped as emitted (a run may be long)
+                lines.append(dataclasses.replace(line, at=clock.now()))
+
+            run = self._runner_call(locked, deadline, cancel, sink)
             ok_type = _ok_type(info.return_type)
             err_type = _err_type(info.return_type)
             extras = AppendExtras(logs=lines, run_id=locked.run_id)

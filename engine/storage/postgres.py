@@ -1938,11 +1938,11 @@ async def _insert_logs(
 ) -> None:
     await c.write(
         "INSERT INTO logs (execution_id, run_id, created_at, level, stream, message) "
-        "SELECT $1, $2, $3, l, s, m FROM unnest($4::text[], $5::text[], $6::text[]) "
-        "WITH ORDINALITY AS u(l, s, m, n) ORDER BY n",
+        "SELECT $1, $2, t, l, s, m FROM unnest($3::bigint[], $4::text[], $5::text[], "
+        "$6::text[]) WITH ORDINALITY AS u(t, l, s, m, n) ORDER BY n",
         execution_id,
         run_id,
-        us(now),
+        [us(line.written_at(now)) for line in lines],
         [line.level for line in lines],
         [line.stream for line in lines],
         [line.message for line in lines],

@@ -2169,11 +2169,13 @@ def _insert_logs(
     lines: Sequence[LogLine],
     now: datetime,
 ) -> None:
-    t = _us(now)
     conn.executemany(
         "INSERT INTO logs (execution_id, run_id, created_at, level, stream, message) "
         "VALUES (?,?,?,?,?,?)",
-        [(execution_id, run_id, t, line.level, line.stream, line.message) for line in lines],
+        [
+            (execution_id, run_id, _us(line.written_at(now)), line.level, line.stream, line.message)
+            for line in lines
+        ],
     )
 
 

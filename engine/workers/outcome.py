@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 LogLevel = Literal["trace", "debug", "info", "warn", "error"]
@@ -22,6 +23,12 @@ class LogLine:
     level: LogLevel
     message: str
     stream: LogStream = "log"
+    #: When it was emitted (the engine's clock); None: when it is stored.
+    at: datetime | None = None
+
+    def written_at(self, now: datetime) -> datetime:
+        """Its timestamp in the log table: when emitted, never after the write."""
+        return now if self.at is None or self.at > now else self.at
 
 
 #: Called from the worker thread for every line as it is produced.

@@ -960,7 +960,7 @@ class ReplayHost:
             level = "info"
         if self.replaying and self._already_logged(level, message):
             return
-        self.logs.append(LogLine(level, message))  # type: ignore[arg-type]
+        self.logs.append(LogLine(level, message, at=self.clock.now()))  # type: ignore[arg-type]
 
     def _already_logged(self, level: str, message: str) -> bool:
         """A line emitted while replaying recorded history was stored by the run that

@@ -86,6 +86,23 @@ async def test_ok_activity_finishes_with_its_value_and_logs(start_engine: StartE
     await legal(engine, eid)
 
 
+async def test_log_lines_are_stamped_when_emitted(start_engine: StartEngine) -> None:
+    from engine.core.clock import SteppingClock
+
+    # Every reading of this clock is a millisecond later than the one before.
+    engine = await start_engine(
+        DEPLOYMENT,
+        files={"acts.js": JS.replace('console.log("hello", name);', 'console.log("a"); console.log("b");')},
+        clock=SteppingClock(0.001),
+    )
+    eid = await engine.submit("test:js/acts.ok", ["world"])
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("hi world")
+    first, second = await engine.storage.get_logs(eid)
+    finished = (await engine.storage.get_events(eid))[-1]
+    assert (first.message, second.message) == ("a", "b")
+    assert first.created_at < second.created_at < finished.created_at
+
+
 async def test_err_is_retried_with_backoff_then_finishes_err(start_engine: StartEngine) -> None:
     engine = await start(start_engine)
     eid = await engine.submit("test:js/acts.fail", ["nope"])

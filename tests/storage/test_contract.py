@@ -1525,6 +1525,32 @@ async def assert_projection_matches_log(storage: Storage, execution_id: str) -> 
     assert folded == await storage.get_summary(execution_id)
 
 
+async def test_log_lines_keep_when_they_were_emitted(storage: Storage) -> None:
+    eid = await create(storage)
+    le = await lock(storage, eid, 1)
+    await storage.append(
+        eid,
+        le.next_version,
+        [ev.Finished(OK42)],
+        at(5),
+        AppendExtras(
+            logs=[
+                LogLine("info", "early", at=at(2)),
+                LogLine("info", "unstamped"),
+                # A clock ahead of the write's: never later than the write.
+                LogLine("info", "ahead", at=at(9)),
+            ],
+            run_id=le.run_id,
+        ),
+    )
+    logs = await storage.get_logs(eid)
+    assert [(g.message, g.created_at) for g in logs] == [
+        ("early", at(2)),
+        ("unstamped", at(5)),
+        ("ahead", at(5)),
+    ]
+
+
 async def test_projection_is_the_fold_of_the_log(storage: Storage) -> None:
     p = await BlockedParent.build(storage, n_children=2)
     c1, c2 = p.children
