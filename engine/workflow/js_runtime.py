@@ -43,7 +43,7 @@ functions) is a `JsWorkflowLoadError` naming the import, the file and the line.
 | JS | returns |
 |---|---|
 | `createJoinSet()` / `createJoinSet({name})` | a `JoinSet` (generated `g:N` / named `n:name`) |
-| `sleep(scheduleAt, name?)` | the wake-up time as a `Date`; a cancelled sleep throws `ChildExecutionError` (`message "Sleep was cancelled"`, `.cancelled = true`, `.failureKind = "cancelled"`, `.value = undefined`) |
+| `sleep(scheduleAt, name?)` | the wake-up time as a `Date`; a cancelled sleep throws `ChildExecutionError` (`message "Sleep was cancelled"`, `.cancelled = true`, `.failureKind = "cancelled"`, `.value = "cancelled"`: uncaught, the workflow returns err `"cancelled"`) |
 | `call(ffqn, params = [])` | like a direct call |
 | `schedule(ffqn, params = [], scheduleAt = "now")` | execution id |
 | `stub(executionId, {ok: v} \\| {err: v})` | `undefined` |
@@ -706,7 +706,7 @@ const api = {
   sleep(at, name) {
     const ms = host("sleep", [scheduleAt(at, "sleep"), name === undefined || name === null ? null : str(name, "sleep: name")]);
     if (ms === null) {
-      throw new ChildExecutionError("Sleep was cancelled", undefined, { failureKind: "cancelled" });
+      throw new ChildExecutionError("Sleep was cancelled", "cancelled", { failureKind: "cancelled" });
     }
     return new RealDate(ms);
   },
