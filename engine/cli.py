@@ -117,25 +117,36 @@ def format_result(result: dict[str, Any]) -> str:
     return _pretty(result)
 
 
-def _summarize(obj: dict[str, Any], limit: int = 160) -> str:
-    """`type key=value …` for one event or response."""
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _summarize(obj: dict[str, Any], limit: int = 60) -> str:
+    """`type key=value …` for one event or response. Ids stay whole (to copy them);
+    other values longer than `limit` are cut (`--json` has them all)."""
     kind = str(obj.get("type", "?"))
     if kind == "finished" and isinstance(obj.get("result"), dict):
         r = dict(obj["result"])
         tag = r.pop("type", None)
         ok_err = tag in ("ok", "err")
         result = {str(tag): r.get("value")} if ok_err else {"execution_failure": r}
-        return "finished " + format_result(result).splitlines()[0]
+        return "finished " + _clip(format_result(result).splitlines()[0], 2 * limit)
     parts = [kind]
     for key, value in obj.items():
         if key == "type":
             continue
         if isinstance(value, dict) and "type" in value:
             parts.append(f"{key}=({_summarize(value, limit)})")
+        elif isinstance(value, str) and (key == "id" or key.endswith("_id")):
+            parts.append(f"{key}={value}")
         else:
-            parts.append(f"{key}={value if isinstance(value, str) else _compact(value)}")
-    text = " ".join(parts)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+            text = value if isinstance(value, str) else _compact(value)
+            parts.append(f"{key}={_clip(text, limit)}")
+    return " ".join(parts)
+
+
+#: `execution status` shows this much of a result (`execution result` shows it all).
+STATUS_RESULT_LIMIT = 2_000
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -174,7 +185,14 @@ def _status_lines(info: ExecutionInfo) -> str:
     if info["temporary_event_count"]:
         rows.append(("temporary failures", str(info["temporary_event_count"])))
     if info["result"] is not None:
-        rows.append(("result", format_result(info["result"])))
+        text = format_result(info["result"])
+        if len(text) > STATUS_RESULT_LIMIT:
+            text = (
+                text[:STATUS_RESULT_LIMIT]
+                + f"… ({len(text) - STATUS_RESULT_LIMIT:,} more characters: "
+                f"`obelisk execution result {info['execution_id']}`)"
+            )
+        rows.append(("result", text))
     width = max(len(k) for k, _ in rows)
     out = []
     for key, value in rows:

@@ -291,6 +291,50 @@ def test_workflow_child_status_responses_and_cancel(cli: Cli, api: ApiClient) ->
     assert all(r["parent_id"] is None for r in rows)
 
 
+def test_event_summaries_keep_ids_whole_and_cut_long_values() -> None:
+    from engine.cli import _summarize
+
+    child = "E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC.g:batch-with-a-long-name_1.o:1-approve-every-order_42"
+    event = {
+        "type": "history_event",
+        "event": {
+            "type": "join_set_request",
+            "join_set_id": "g:batch-with-a-long-name_1",
+            "request": {
+                "type": "child_execution",
+                "child_execution_id": child,
+                "target_ffqn": "myapp:demo/activity.approve",
+                "params": ["x" * 500],
+            },
+        },
+    }
+    text = _summarize(event)
+    assert f"child_execution_id={child}" in text
+    assert 'params=["xxx' in text and "x" * 100 not in text and "…" in text
+
+
+def test_status_shows_the_start_of_a_huge_result() -> None:
+    from engine.cli import STATUS_RESULT_LIMIT, _status_lines
+
+    info: Any = {
+        "execution_id": "E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC",
+        "ffqn": "myapp:demo/activity.big",
+        "component_type": "activity_js",
+        "state": {"type": "finished", "finished_at": "2026-01-01T00:00:00Z"},
+        "scheduled_at": None,
+        "lock_expires_at": None,
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-01T00:00:00Z",
+        "next_version": 3,
+        "parent_id": None,
+        "temporary_event_count": 0,
+        "result": {"ok": "y" * 100_000},
+    }
+    text = _status_lines(info)
+    assert len(text) < STATUS_RESULT_LIMIT + 1_000
+    assert "more characters: `obelisk execution result E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC`" in text
+
+
 # ---------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------
