@@ -29,6 +29,9 @@ EDGES: dict[tuple[str, str], str] = {
 }
 
 WIDTH = 80
+#: Blank canvas columns on the left, not drawn: the diagram is 76 columns wide, so that
+#: it fits an 80-column terminal with the panel's padding.
+LEFT_MARGIN = 2
 
 
 @dataclass
@@ -108,7 +111,7 @@ def _layout(canvas: _Canvas, finished_label: str) -> None:
     canvas.vline("finished_locked", 50, 6, 15, "down")
     canvas.text(13, 52, "finished", "finished_locked")
     canvas.vline("finished_blocked", 70, 13, 15, "down")
-    canvas.text(14, 72, "finished", "finished_blocked")
+    canvas.text(14, 61, "finished", "finished_blocked")
 
 
 def draw(
@@ -138,8 +141,8 @@ def draw(
     overlay_style = Style(color="black", bgcolor=colour, bold=True)
     lines: list[Text] = []
     for r in range(canvas.rows):
-        line = Text()
-        for c in range(canvas.cols):
+        line = Text(no_wrap=True, overflow="crop")
+        for c in range(LEFT_MARGIN, canvas.cols):
             who = canvas.owner[r][c]
             if who == "overlay":
                 style = overlay_style
@@ -158,7 +161,8 @@ def draw(
 
 
 def owners(current: str | None, last: str | None) -> dict[str, set[tuple[int, int]]]:
-    """The cells of each element (for tests): {"locked": {(row, col), …}, …}."""
+    """The cells of each element (for tests), as positions in `draw`'s lines:
+    {"locked": {(row, col), …}, …}."""
     canvas = _Canvas(20, WIDTH)
     _layout(canvas, STATE_TITLES["finished"])
     out: dict[str, set[tuple[int, int]]] = {}
@@ -166,7 +170,7 @@ def owners(current: str | None, last: str | None) -> dict[str, set[tuple[int, in
         for c in range(canvas.cols):
             who = canvas.owner[r][c]
             if who:
-                out.setdefault(who, set()).add((r, c))
+                out.setdefault(who, set()).add((r, c - LEFT_MARGIN))
     return out
 
 

@@ -118,7 +118,7 @@ def is_cancellable(info: ExecutionInfo) -> bool:
 
 
 def refusal(action: str, info: ExecutionInfo) -> str | None:
-    """Why `action` (pause, unpause, cancel) does not apply to the execution, or None."""
+    """Why `action` (pause, unpause, cancel, stub) does not apply to the execution, or None."""
     state = info["state"]
     name = state_name(state)
     eid = info["execution_id"]
@@ -135,6 +135,10 @@ def refusal(action: str, info: ExecutionInfo) -> str | None:
         return None
     if action == "unpause":
         return None if "paused" in layers else f"{eid} is not paused"
+    if action == "stub":
+        if info["component_type"] != "activity_stub":
+            return f"{eid} is not a stub activity: only activity_stub executions are stubbed"
+        return None
     if action == "cancel":
         if "cancelling" in layers:
             return f"{eid} is already being cancelled"
@@ -514,6 +518,34 @@ def template_value(type_text: str) -> Any:
         return value(parse_wit_type(type_text))
     except ValueError:
         return None
+
+
+def stub_template(return_type: str | None) -> str:
+    """The stub form's starting point: `{"ok": <a value of the ok type>}`."""
+    value = template_value(return_type) if return_type else None
+    return json.dumps(value if isinstance(value, dict) else {"ok": None}, ensure_ascii=False)
+
+
+def check_stub(return_type: str | None, text: str) -> tuple[Any | None, str | None]:
+    """The stub's return value parsed from the form's JSON text (`{"ok": …}` or
+    `{"err": …}`, checked against the function's return type), or the error to show."""
+    from engine.wit.codec import WitValueError, validate_json
+    from engine.wit.types import parse_wit_type
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, f"not JSON: {e.msg} at line {e.lineno}, column {e.colno}"
+    if not (isinstance(value, dict) and len(value) == 1 and set(value) <= {"ok", "err"}):
+        return None, 'the return value is {"ok": …} or {"err": …}'
+    if return_type:
+        try:
+            validate_json(value, parse_wit_type(return_type), "the return value")
+        except WitValueError as e:
+            return None, str(e)
+        except ValueError:
+            pass  # a type the console cannot parse: the engine will check it
+    return value, None
 
 
 def params_template(params: list[ParamInfo]) -> str:

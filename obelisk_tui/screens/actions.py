@@ -1,4 +1,5 @@
-"""Pause / unpause / cancel of one execution or many, shared by the screens."""
+"""Pause / unpause / cancel of one execution or many, and stub of one, shared by the
+screens."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ if TYPE_CHECKING:
     from obelisk_tui.app import ObeliskApp
 
 VERBS = {"pause": "paused", "unpause": "unpaused", "cancel": "cancellation requested for"}
+#: Every action a footer key stands for (`stub` opens `StubScreen`, for one execution).
+ACTIONS = ("pause", "unpause", "cancel", "stub")
 
 
 def applicable(action: str, targets: list[ExecutionInfo]) -> bool:
+    if action == "stub" and len(targets) != 1:
+        return False
     return any(model.refusal(action, t) is None for t in targets)
 
 
@@ -22,9 +27,20 @@ def explain(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> None:
     if not targets:
         app.notify(f"nothing selected to {action}", severity="warning")
         return
+    if action == "stub" and len(targets) > 1:
+        app.notify("stub one execution at a time (clear the marks)", severity="warning")
+        return
     reasons = [r for r in (model.refusal(action, t) for t in targets) if r]
     app.notify(reasons[0] if len(reasons) == 1 else f"cannot {action}: {reasons[0]} (+{len(reasons) - 1} more)",
                title=f"cannot {action}", severity="warning")
+
+
+async def stub(app: ObeliskApp, info: ExecutionInfo) -> None:
+    """Ask for the stub's return value and write it (`StubScreen`)."""
+    from obelisk_tui.screens.stub import StubScreen
+
+    if model.refusal("stub", info) is None:
+        await app.push_screen_wait(StubScreen(info))
 
 
 async def perform(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> int:

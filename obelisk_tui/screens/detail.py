@@ -69,6 +69,8 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         Binding("u", "explain('unpause')", show=False),
         Binding("c", "act('cancel')", "Cancel"),
         Binding("c", "explain('cancel')", show=False),
+        Binding("S", "stub", "Stub"),
+        Binding("S", "explain('stub')", show=False),
         *[Binding(str(i + 1), f"tab('{t}')", t.title(), show=False) for i, t in enumerate(TABS)],
     ]
 
@@ -181,7 +183,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         self.query_one(EventLog).set_events(self.events)
         self._show_state()
         self.query_one("#result-view", Static).update(render_result(info))
-        applies = tuple(actions.applicable(a, [info]) for a in ("pause", "unpause", "cancel"))
+        applies = tuple(actions.applicable(a, [info]) for a in actions.ACTIONS)
         if applies != self._footer_state:  # Textual rebuilds the whole footer on each call
             self._footer_state = applies
             self.refresh_bindings()
@@ -274,16 +276,24 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
 
     # -- actions -------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "act":
+        if action in ("act", "stub"):
             if self.info is None:
                 return None
-            return True if actions.applicable(str(parameters[0]), [self.info]) else None
+            what = str(parameters[0]) if action == "act" else "stub"
+            if what == "stub":  # rare: in the footer only where it applies
+                return actions.applicable(what, [self.info])
+            return True if actions.applicable(what, [self.info]) else None
         if action == "parent":
             return True if self.info is not None and self.info["parent_id"] else None
         return True
 
     def action_explain(self, action: str) -> None:
         actions.explain(self.obelisk, action, [self.info] if self.info else [])
+
+    @work(group="actions")
+    async def action_stub(self) -> None:
+        if self.info is not None:
+            await actions.stub(self.obelisk, self.info)
 
     @work(group="actions")
     async def action_act(self, action: str) -> None:

@@ -24,7 +24,9 @@ from obelisk_tui.widgets.state_counts import StateCounts
 
 class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
     BINDINGS = [
-        Binding("slash", "filter", "Filter"),
+        # A priority binding runs as the key arrives, before the keys typed after it are
+        # forwarded: those go to the filter box it focuses, not to bindings (`q` quits).
+        Binding("slash", "filter", "Filter", priority=True),
         Binding("o", "order", "Order"),
         Binding("t", "top_level", "Top-level", show=False),
         Binding("p", "act('pause')", "Pause"),
@@ -33,6 +35,8 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         Binding("u", "explain('unpause')", show=False),
         Binding("c", "act('cancel')", "Cancel"),
         Binding("c", "explain('cancel')", show=False),
+        Binding("S", "stub", "Stub"),
+        Binding("S", "explain('stub')", show=False),
         Binding("m", "mark", "Mark"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
@@ -127,7 +131,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         """Re-check the actions of the footer only when what applies changed: Textual
         rebuilds the whole footer on `refresh_bindings` (costly twice a second)."""
         targets = self.query_one(ExecutionList).targets()
-        applies = tuple(actions.applicable(a, targets) for a in ("pause", "unpause", "cancel"))
+        applies = tuple(actions.applicable(a, targets) for a in actions.ACTIONS)
         if applies != self._footer_state:
             self._footer_state = applies
             self.refresh_bindings()
@@ -137,7 +141,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         box = self.query_one("#filter", Input)
         box.display = True
         box.value = model.format_filter(self.query_state)
-        box.focus()
+        self.set_focus(box)  # at once (`Widget.focus` is deferred)
 
     @on(Input.Submitted, "#filter")
     def _apply_filter(self, event: Input.Submitted) -> None:
@@ -148,13 +152,13 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
             return
         self._set_query(query)
         event.input.display = False
-        self.query_one(ExecutionList).focus()
+        self.set_focus(self.query_one(ExecutionList))
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
         if box.display:
             box.display = False
-            self.query_one(ExecutionList).focus()
+            self.set_focus(self.query_one(ExecutionList))
             return
         if self.query_state.is_filtered:
             self._set_query(ExecutionQuery(order=self.query_state.order))
@@ -180,15 +184,27 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         self.query_one(ExecutionList).action_toggle_mark()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "act":
+        if action == "filter" and self.is_mounted:
+            # Typing in the filter box: `/` is text (`ffqn:myapp:demo/`).
+            return not self.query_one("#filter", Input).has_focus
+        if action in ("act", "stub"):
             if not self.is_mounted:
                 return True
             targets = self.query_one(ExecutionList).targets()
-            return True if actions.applicable(str(parameters[0]), targets) else None
+            what = str(parameters[0]) if action == "act" else "stub"
+            if what == "stub":  # rare: in the footer only where it applies
+                return actions.applicable(what, targets)
+            return True if actions.applicable(what, targets) else None
         return True
 
     def action_explain(self, action: str) -> None:
         actions.explain(self.obelisk, action, self.query_one(ExecutionList).targets())
+
+    @work(group="actions")
+    async def action_stub(self) -> None:
+        targets = self.query_one(ExecutionList).targets()
+        if len(targets) == 1:
+            await actions.stub(self.obelisk, targets[0])
 
     @work(group="actions")
     async def action_act(self, action: str) -> None:

@@ -3,6 +3,8 @@ against the WIT types as you type), then open the new execution."""
 
 from __future__ import annotations
 
+import asyncio
+
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -32,6 +34,10 @@ def signature(fn: FunctionExport) -> Text:
         text.append(" -> ")
         text.append(fn["return_type"], "#b5bd68")
     return text
+
+
+#: Seconds between attempts to read the deployment while the server does not answer.
+RETRY_SECONDS = 2.0
 
 
 class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
@@ -67,13 +73,19 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
     def on_mount(self) -> None:
         self.load()
 
-    @work
+    @work(exclusive=True, group="submit-load")
     async def load(self) -> None:
-        try:
-            deployment = await self.obelisk.backend.deployment()
-        except ApiError as e:
-            self.obelisk.report_error(e)
-            return
+        while True:  # until the server answers: the dialog may be open when it is back
+            try:
+                deployment = await self.obelisk.backend.deployment()
+                break
+            except ApiError as e:
+                self.obelisk.report_error(e)
+                self.query_one("#signature", Static).update(
+                    Text(f"cannot list the functions: {e.message} (retrying)", "#e0606a")
+                )
+                await asyncio.sleep(RETRY_SECONDS)
+        self.query_one("#signature", Static).update("pick a function")
         self.functions = sorted(
             (f for c in deployment["components"] for f in c["exports"]), key=lambda f: f["ffqn"]
         )

@@ -60,6 +60,14 @@ def short_id(execution_id: str, width: int) -> str:
     return execution_id[:head] + "…" + execution_id[-(width - head - 1) :]
 
 
+def short_ffqn(ffqn: str, width: int) -> str:
+    """FFQNs longer than the column keep their end: the interface and function name
+    (`…demo/activity.step`) tell executions apart, the shared namespace does not."""
+    if len(ffqn) <= width:
+        return ffqn
+    return "…" + ffqn[-(width - 1) :] if width > 1 else "…"
+
+
 class ExecutionList(RowList):
     BINDINGS = [
         Binding("m", "toggle_mark", "Mark", show=False),
@@ -202,6 +210,11 @@ def render_execution(
     state = info["state"]
     under = model.state_name(model.underlying(state))
     when_at = info.get("lock_expires_at") if under in ("locked", "blocked_by_join_set") else None
+    if under == "blocked_by_join_set" and when_at is not None:
+        # A blocked workflow's lock matters while a warm run holds it; once past, no
+        # run does, and "5m ago" would read as something overdue.
+        expires = model.parse_ts(when_at)
+        when_at = when_at if expires is not None and expires > now else None
     when_at = when_at or (info.get("scheduled_at") if under == "pending_at" else None)
     created = model.parse_ts(info["created_at"])
     cells: dict[str, tuple[str, str]] = {
@@ -220,6 +233,8 @@ def render_execution(
         value, style = cells[title]
         if title == "EXECUTION":
             value = short_id(value, w)
+        elif title == "FFQN":
+            value = short_ffqn(value, w)
         value = value if len(value) <= w else value[: max(0, w - 1)] + "…"
         text.append(value.ljust(w), style)
         text.append(" ")

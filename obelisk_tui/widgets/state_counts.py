@@ -6,6 +6,7 @@ import time
 from collections import deque
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Sparkline, Static
@@ -16,6 +17,8 @@ ORDER = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", 
 
 #: Seconds of throughput history in the sparkline.
 HISTORY = 60
+#: Narrower than this, the bar shows the counts and the rate without the sparkline.
+SPARKLINE_MIN_WIDTH = 110
 
 
 class StateCounts(Horizontal):
@@ -28,25 +31,54 @@ class StateCounts(Horizontal):
 
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id)
+        #: Executions finished in each of the last HISTORY whole seconds, oldest first.
         self._rates: deque[float] = deque([0.0] * HISTORY, maxlen=HISTORY)
         self._last: tuple[float, int] | None = None  # (monotonic time, finished count)
+        self._second: int | None = None  # the second `_pending` counts for
+        self._pending = 0
 
     def compose(self) -> ComposeResult:
         yield Static(id="counts")
         yield Static(id="rate")
         yield Sparkline(list(self._rates), summary_function=max, id="throughput")
 
+    def on_resize(self, event: events.Resize) -> None:
+        # The counts come first: on a narrow terminal the sparkline makes room for them.
+        self.query_one("#throughput", Sparkline).display = event.size.width >= SPARKLINE_MIN_WIDTH
+
     def show(self, counts: dict[str, int], *, frozen: bool = False, at: float | None = None) -> None:
-        """New counts; the finished count's growth since the last call is the rate."""
+        """New counts. The finished count's growth since the last call is the rate shown,
+        and goes to the current second's bar of the sparkline (one bar per second,
+        however often this is called; seconds without a call are empty bars)."""
         now = time.monotonic() if at is None else at
         finished = counts.get("finished", 0)
         if self._last is not None and now > self._last[0]:
-            rate = max(0, finished - self._last[1]) / (now - self._last[0])
-            self._rates.append(rate)
-            self.query_one("#throughput", Sparkline).data = list(self._rates)
+            grown = max(0, finished - self._last[1])
+            rate = grown / (now - self._last[0])
             self.query_one("#rate", Static).update(f"{rate:7.1f} fin/s")
+            if self._add(grown, int(now)):
+                self.query_one("#throughput", Sparkline).data = list(self._rates)
+        elif self._last is None:
+            self._second = int(now)
         self._last = (now, finished)
         self.query_one("#counts", Static).update(counts_text(counts, frozen=frozen))
+
+    def _add(self, finished: int, second: int) -> bool:
+        """Count `finished` in `second`; True when whole seconds were completed."""
+        if self._second is None or second <= self._second:
+            self._second = second if self._second is None else self._second
+            self._pending += finished
+            return False
+        self._rates.append(float(self._pending))
+        for _ in range(min(HISTORY, second - self._second - 1)):
+            self._rates.append(0.0)
+        self._second, self._pending = second, finished
+        return True
+
+    @property
+    def per_second(self) -> list[float]:
+        """The sparkline's bars: finished executions per completed second, oldest first."""
+        return list(self._rates)
 
 
 def counts_text(counts: dict[str, int], *, frozen: bool = False) -> Text:

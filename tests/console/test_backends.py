@@ -232,3 +232,31 @@ async def test_the_attached_console_marks_a_lost_server_once_and_resumes(
     finally:
         await rest.close()
         await server.close()
+
+
+async def test_the_submit_dialog_lists_the_functions_once_the_server_is_back(
+    console_engine: Engine,
+) -> None:
+    from obelisk_tui.screens.submit import SubmitScreen
+    from tests.console.conftest import open_console, screen_text, until
+
+    server = TestServer(make_app(console_engine, TOKEN))
+    await server.start_server()
+    port = server.port
+    rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
+    try:
+        async with open_console(backend=rest) as (app, pilot):
+            await server.close()
+            await pilot.press("s")
+            await until(pilot, lambda: isinstance(app.screen, SubmitScreen)
+                        and "cannot list the functions" in screen_text(app),
+                        what="the dialog's notice")
+            dialog = app.screen
+            assert isinstance(dialog, SubmitScreen) and dialog.functions == []
+            server = TestServer(make_app(console_engine, TOKEN), port=port)
+            await server.start_server()
+            await until(pilot, lambda: bool(dialog.functions), what="the functions", timeout=15)
+            assert "cannot list the functions" not in screen_text(app)
+    finally:
+        await rest.close()
+        await server.close()

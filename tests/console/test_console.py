@@ -116,6 +116,23 @@ async def test_filter_order_and_clear(console_engine: Engine) -> None:
         assert listed(app) == [done, waiting]  # unchanged
 
 
+async def test_keys_typed_right_after_slash_go_to_the_filter(console_engine: Engine) -> None:
+    from textual import events
+    from textual.widgets import Input
+
+    async with open_console(console_engine) as (app, pilot):
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="the list")
+        # Queued together, as a fast typist or a paste delivers them: none is a binding.
+        for key, char in [("slash", "/"), ("q", "q"), ("t", "t"), ("o", "o")]:
+            app.post_message(events.Key(key, char))
+        await pilot.pause()
+        assert app.is_running
+        box = app.screen.query_one("#filter", Input)
+        assert box.value.endswith("qto"), (box.value, app.screen.focused)
+        await pilot.press("slash", "x")  # in the box, `/` is text (`ffqn:myapp:demo/`)
+        assert box.value.endswith("qto/x")
+
+
 async def test_pause_unpause_and_refusals_from_the_list(console_engine: Engine) -> None:
     engine = console_engine
     async with open_console(engine) as (app, pilot):
@@ -315,6 +332,39 @@ async def test_detail_actions_on_a_waiting_workflow(console_engine: Engine) -> N
         await pilot.press("c")  # finished: nothing to cancel, and the key says so
         await until(pilot, lambda: any("is finished" in n for n in notices(app)), what="refusal")
         assert not isinstance(app.screen, ConfirmScreen)
+
+
+async def test_stub_from_the_console(console_engine: Engine) -> None:
+    from obelisk_tui.screens.stub import StubScreen
+
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        order, approval = await blocked_order(engine, pilot)
+        app.open_execution(order)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
+                    and app.screen.info is not None, what="detail")
+        await pilot.press("S")  # a workflow: not stubbed, and the key says why
+        await until(pilot, lambda: any("is not a stub activity" in n for n in notices(app)),
+                    what="refusal")
+        app.open_execution(approval)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
+                    and app.screen.execution_id == approval and app.screen.info is not None,
+                    what="the approval's detail")
+        await pilot.press("S")
+        await until(pilot, lambda: isinstance(app.screen, StubScreen)
+                    and app.screen.return_type is not None, what="the stub dialog")
+        dialog = app.screen
+        area = dialog.query_one(TextArea)
+        assert area.text == '{"ok": false}'  # the template of result<bool, string>
+        area.text = '{"ok": "yes"}'
+        await until(pilot, lambda: "expected bool" in screen_text(app), what="the type error")
+        await pilot.press("ctrl+s")  # refused here: nothing is sent
+        assert isinstance(app.screen, StubScreen)
+        area.text = '{"ok": true}'
+        await until(pilot, lambda: "matches the return type" in screen_text(app), what="ok")
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: not isinstance(app.screen, StubScreen), what="dismissed")
+        assert await engine.result(order, timeout=10) == ev.ResultOk("order o-1 approved")
 
 
 async def test_cancel_of_a_waiting_cancellable_workflow(console_engine: Engine) -> None:

@@ -16,7 +16,7 @@ from engine.engine import Engine
 from engine.server.api import event_entries, response_entries
 from obelisk_tui import diagram, model, timeline
 from obelisk_tui.model import ExecutionQuery
-from obelisk_tui.widgets.execution_list import layout, short_id
+from obelisk_tui.widgets.execution_list import layout, short_ffqn, short_id
 from tests.console.conftest import FANOUT, ORDER
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -65,6 +65,9 @@ FINISHED = {"type": "finished", "version": 2, "finished_at": "2026-01-01T00:00:0
         (LOCKED, "activity_stub", "a:b/c.d", "cancel", None),
         (FINISHED, "activity_js", "a:b/c.d", "cancel", "is finished"),
         (FINISHED, "activity_js", "a:b/c.d", "unpause", "is finished"),
+        (PENDING, "activity_stub", "a:b/c.d", "stub", None),
+        (PENDING, "activity_js", "a:b/c.d", "stub", "is not a stub activity"),
+        (FINISHED, "activity_stub", "a:b/c.d", "stub", "is finished"),
     ],
 )
 def test_refusal(state: dict[str, Any], ctype: str, ffqn: str, action: str, refused: str | None) -> None:
@@ -183,6 +186,38 @@ def test_template_and_check_params() -> None:
     assert error is not None and error.startswith("not JSON")
 
 
+def test_stub_template_and_check() -> None:
+    assert model.stub_template("result<bool, string>") == '{"ok": false}'
+    assert model.stub_template(None) == '{"ok": null}'
+    rt = "result<u32, string>"
+    assert model.check_stub(rt, '{"ok": 7}') == ({"ok": 7}, None)
+    assert model.check_stub(rt, '{"err": "no"}') == ({"err": "no"}, None)
+    for text, error in [
+        ('{"ok": "7"}', "expected u32"),
+        ('{"ok": 1, "err": "x"}', '{"ok": …} or {"err": …}'),
+        ("7", '{"ok": …} or {"err": …}'),
+        ("{", "not JSON"),
+    ]:
+        value, got = model.check_stub(rt, text)
+        assert value is None and got is not None and error in got, (text, got)
+
+
+def test_when_column_of_a_blocked_workflow_shows_only_a_lock_still_held() -> None:
+    from obelisk_tui.widgets.execution_list import render_execution
+
+    blocked = info(BLOCKED, ctype="workflow_js")
+    blocked["lock_expires_at"] = "2026-01-01T00:00:01Z"
+    cols = [("WHEN", 12)]
+    held = render_execution(blocked, cols, T0, False).plain
+    assert held.strip() == "in 1.0s"
+    gone = render_execution(blocked, cols, T0 + timedelta(minutes=5), False).plain
+    assert gone.strip() == ""
+    locked = info(LOCKED)
+    locked["lock_expires_at"] = "2026-01-01T00:00:01Z"
+    # A lock that expired and was not released yet says so.
+    assert render_execution(locked, cols, T0 + timedelta(minutes=5), False).plain.strip().endswith("ago")
+
+
 def test_execution_list_columns_fit_the_width() -> None:
     for width in (60, 80, 120, 200):
         cols = layout(width)
@@ -191,6 +226,8 @@ def test_execution_list_columns_fit_the_width() -> None:
     assert "LAST EVENT" in [t for t, _ in layout(160)]
     assert "CH" not in [t for t, _ in layout(80)]
     assert short_id("E_01KAAAAAAAAAAAAAAAAAAAAAAA.g:1_12", 20) == "E_01KAAAAA…AA.g:1_12"
+    assert short_ffqn("myapp:demo/activity.step", 16) == "…o/activity.step"
+    assert short_ffqn("myapp:demo/activity.step", 30) == "myapp:demo/activity.step"
 
 
 # -- the diagram --------------------------------------------------------------------------
@@ -275,3 +312,22 @@ async def test_steps_show_overlays_and_responses(console_engine: Engine) -> None
     last = timeline.steps(events, responses)[-1]
     assert last.overlays == ("paused",) and last.underlying == "pending_at"
     assert last.edge == "response"
+
+
+async def test_throughput_sparkline_has_one_bar_per_second() -> None:
+    from textual.app import App, ComposeResult
+
+    from obelisk_tui.widgets.state_counts import HISTORY, StateCounts
+
+    class Host(App[None]):
+        def compose(self) -> ComposeResult:
+            yield StateCounts(id="counts")
+
+    async with Host().run_test() as pilot:
+        bar = pilot.app.query_one(StateCounts)
+        # Four refreshes in second 100 (10 finished), one in 101 (+5), none in 102-103,
+        # then one in 104 (+2).
+        for at, finished in [(100.0, 0), (100.2, 4), (100.5, 8), (100.9, 10), (101.5, 15), (104.1, 17)]:
+            bar.show({"finished": finished}, at=at)
+        assert bar.per_second[-4:] == [10.0, 5.0, 0.0, 0.0]
+        assert len(bar.per_second) == HISTORY
