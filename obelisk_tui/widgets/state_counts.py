@@ -36,6 +36,8 @@ class StateCounts(Horizontal):
         self._last: tuple[float, int] | None = None  # (monotonic time, finished count)
         self._second: int | None = None  # the second `_pending` counts for
         self._pending = 0
+        self._compact = False
+        self._shown: tuple[dict[str, int], bool] | None = None  # (counts, frozen)
 
     def compose(self) -> ComposeResult:
         yield Static(id="counts")
@@ -43,8 +45,16 @@ class StateCounts(Horizontal):
         yield Sparkline(list(self._rates), summary_function=max, id="throughput")
 
     def on_resize(self, event: events.Resize) -> None:
-        # The counts come first: on a narrow terminal the sparkline makes room for them.
-        self.query_one("#throughput", Sparkline).display = event.size.width >= SPARKLINE_MIN_WIDTH
+        # The counts come first: on a narrow terminal the sparkline makes room for them,
+        # and they are written short.
+        wide = event.size.width >= SPARKLINE_MIN_WIDTH
+        self.query_one("#throughput", Sparkline).display = wide
+        if self._compact == wide:
+            self._compact = not wide
+            if self._shown is not None:
+                self.query_one("#counts", Static).update(
+                    counts_text(self._shown[0], frozen=self._shown[1], compact=self._compact)
+                )
 
     def show(self, counts: dict[str, int], *, frozen: bool = False, at: float | None = None) -> None:
         """New counts. The finished count's growth since the last call is the rate shown,
@@ -61,7 +71,10 @@ class StateCounts(Horizontal):
         elif self._last is None:
             self._second = int(now)
         self._last = (now, finished)
-        self.query_one("#counts", Static).update(counts_text(counts, frozen=frozen))
+        self._shown = (counts, frozen)
+        self.query_one("#counts", Static).update(
+            counts_text(counts, frozen=frozen, compact=self._compact)
+        )
 
     def _add(self, finished: int, second: int) -> bool:
         """Count `finished` in `second`; True when whole seconds were completed."""
@@ -81,14 +94,26 @@ class StateCounts(Horizontal):
         return list(self._rates)
 
 
-def counts_text(counts: dict[str, int], *, frozen: bool = False) -> Text:
+#: State names in the counts bar of a narrow terminal.
+COMPACT_NAMES = {
+    "pending_at": "pend",
+    "locked": "lock",
+    "blocked_by_join_set": "blkd",
+    "paused": "paus",
+    "cancelling": "canc",
+    "finished": "fin",
+}
+
+
+def counts_text(counts: dict[str, int], *, frozen: bool = False, compact: bool = False) -> Text:
     text = Text(no_wrap=True)
     total = sum(counts.values())
-    text.append(f" {total:,} executions ", "bold")
+    text.append(f" {total:,} " + ("" if compact else "executions "), "bold")
     for name in ORDER:
         n = counts.get(name, 0)
         style = model.STATE_COLOURS[name] if n else "grey50"
-        text.append(f" {model.STATE_SHORT[name]} ", style)
+        label = COMPACT_NAMES[name] if compact else model.STATE_SHORT[name]
+        text.append(f" {label} ", style)
         text.append(f"{n:,}", ("bold " + style) if n else style)
         text.append(" ")
     if frozen:

@@ -331,3 +331,28 @@ async def test_throughput_sparkline_has_one_bar_per_second() -> None:
             bar.show({"finished": finished}, at=at)
         assert bar.per_second[-4:] == [10.0, 5.0, 0.0, 0.0]
         assert len(bar.per_second) == HISTORY
+
+
+@pytest.mark.parametrize(("width", "wide"), [(80, False), (150, True)])
+async def test_counts_bar_fits_a_narrow_terminal(width: int, wide: bool) -> None:
+    from textual.app import App, ComposeResult
+    from textual.widgets import Sparkline, Static
+
+    from obelisk_tui.widgets.state_counts import StateCounts
+
+    class Host(App[None]):
+        def compose(self) -> ComposeResult:
+            yield StateCounts(id="counts")
+
+    counts = {"pending_at": 3, "locked": 1, "blocked_by_join_set": 20, "paused": 1,
+              "cancelling": 2, "finished": 12_345}
+    async with Host().run_test(size=(width, 5)) as pilot:
+        bar = pilot.app.query_one(StateCounts)
+        bar.show(counts, at=1.0)
+        await pilot.pause()
+        assert bar.query_one(Sparkline).display is wide
+        counts_box = bar.query_one("#counts", Static)
+        text = str(counts_box.render())
+        assert ("cancelling 2" in text) is wide and ("canc 2" in text) is not wide
+        assert "12,345" in text
+        assert len(text.rstrip()) <= counts_box.size.width
