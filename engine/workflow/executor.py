@@ -178,6 +178,8 @@ class WorkflowExecutor(BaseExecutor):
             ok, reason = False, mismatch
         else:
             ok, reason = check_compatible(self.component.runner, dry, locked.params)
+        if host.aborted is not None:
+            return False  # paused, cancelled or stopping meanwhile: decide nothing now
         outcome: ev.UpgradeSuccess | ev.UpgradeFailed = (
             ev.UpgradeSuccess() if ok else ev.UpgradeFailed(reason)
         )
