@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import asyncpg
 
@@ -133,16 +133,12 @@ class PostgresLeases:
         except _FAILURES as e:
             log.warning("executor leases: cannot connect (%s); retrying", _reason(e))
             return None
-        try:
+        with self._guarded(conn):
             for executor_id, key in list(self._held.items()):
                 await _take_sql(conn, executor_id, key)
-        except _FAILURES as e:
-            log.warning("executor leases: %s; reconnecting", _reason(e))
-            with contextlib.suppress(Exception):
-                conn.terminate()
-            return None
-        self._conn = conn
-        return conn
+            self._conn = conn
+            return conn
+        return None
 
     async def _run(
         self,
@@ -151,17 +147,22 @@ class PostgresLeases:
         executor_id: str,
         key: int,
     ) -> None:
-        try:
+        with self._guarded(conn):
             await statement(conn, executor_id, key)
+
+    @contextlib.contextmanager
+    def _guarded(self, conn: asyncpg.Connection) -> Iterator[None]:
+        """Around statements on the lease connection: a database failure is logged and
+        suppressed, and the connection dropped (the next use reconnects and takes the
+        held leases again)."""
+        try:
+            yield
         except _FAILURES as e:
             log.warning("executor leases: %s; reconnecting", _reason(e))
-            self._lost(conn)
-
-    def _lost(self, conn: asyncpg.Connection) -> None:
-        if self._conn is conn:
-            self._conn = None
-        with contextlib.suppress(Exception):
-            conn.terminate()
+            if self._conn is conn:
+                self._conn = None
+            with contextlib.suppress(Exception):
+                conn.terminate()
 
     # -- other processes' leases --------------------------------------------------------
     async def dead(self) -> set[str]:
@@ -172,7 +173,7 @@ class PostgresLeases:
             conn = await self._connection()
             if conn is None:
                 return set()
-            try:
+            with self._guarded(conn):
                 # A live session's lock cannot be taken; what this one takes it gives
                 # back at once. Rows inserted after the snapshot are of live executors.
                 # (OFFSET 0 keeps the planner from trying locks on rows it then drops.)
@@ -183,11 +184,8 @@ class PostgresLeases:
                     list(self._held),
                 )
                 await _unlock(conn, rows)
-            except _FAILURES as e:
-                log.warning("executor leases: %s; reconnecting", _reason(e))
-                self._lost(conn)
-                return set()
-            return {str(r["executor_id"]) for r in rows}
+                return {str(r["executor_id"]) for r in rows}
+            return set()
 
     async def forget(self, executor_ids: set[str]) -> None:
         """Delete the rows of dead executors (those whose lock can be taken)."""
@@ -199,7 +197,7 @@ class PostgresLeases:
             conn = await self._connection()
             if conn is None:
                 return
-            try:
+            with self._guarded(conn):
                 async with conn.transaction():
                     rows = await conn.fetch(
                         "DELETE FROM executor_leases WHERE executor_id IN ("
@@ -209,9 +207,6 @@ class PostgresLeases:
                         gone,
                     )
                 await _unlock(conn, rows)
-            except _FAILURES as e:
-                log.warning("executor leases: %s; reconnecting", _reason(e))
-                self._lost(conn)
 
     async def close(self) -> None:
         """After the executors stopped: wait for their releases, delete the rows of any
