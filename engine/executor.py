@@ -131,6 +131,8 @@ class BaseExecutor:
         #: thread completes (activities), and the event that interrupts the run.
         self._inflight: dict[str, tuple[asyncio.Future[None] | Future[None], threading.Event]] = {}
         self._slot_freed = asyncio.Event()
+        #: Grace periods of cancelled runs (`_finish_if_still_running`).
+        self._grace_tasks: set[asyncio.Task[None]] = set()
         #: The loop waits for `_slot_freed` (all slots taken): set under `_reserve_lock`.
         self._wants_slot = False
         self._stopping = False
@@ -212,6 +214,10 @@ class BaseExecutor:
     async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
         raise NotImplementedError
 
+    async def _leave_behind(self) -> None:
+        """Stopping, and runs did not end within `STOP_GRACE_SECONDS` of their interrupt:
+        workflow runs are waited for (they answer interrupts at their next host call)."""
+
     def _slot_freed_threadsafe(self) -> None:
         """A run ended or a reserved slot was given back, on any thread: wake the loop
         only if it waits for a slot (no loop wake-up per run otherwise)."""
@@ -236,13 +242,12 @@ class BaseExecutor:
         while inflight := list(self._inflight.values()):
             for _, cancel in inflight:
                 cancel.set()
-            await asyncio.gather(
-                *(
-                    f if isinstance(f, asyncio.Future) else asyncio.wrap_future(f)
-                    for f, _ in inflight
-                ),
-                return_exceptions=True,
+            _, stuck = await asyncio.wait(
+                [f if isinstance(f, asyncio.Future) else asyncio.wrap_future(f) for f, _ in inflight],
+                timeout=STOP_GRACE_SECONDS,
             )
+            if stuck:
+                await self._leave_behind()
             for execution_id, (f, _) in list(self._inflight.items()):
                 if f.done():  # ended without taking itself out: it must not loop here
                     del self._inflight[execution_id]
@@ -336,10 +341,10 @@ class ActivityExecutor(BaseExecutor):
         """Run `locked` on a worker thread (any thread may call this): the outcome goes
         to the storage from there, and the storage's callback ends the run, so that a
         run costs the loop nothing (no task, no future to resolve, no wake-up)."""
-        cancel = threading.Event()
         done: Future[None] = Future()
+        cancel = _RunCancel(locked, lambda: self._finish_if_still_running(locked, done))
         self._inflight[locked.execution_id] = (done, cancel)
-        self.storage.subscribe_cancellations().add(locked.execution_id, cancel.set)
+        self.storage.subscribe_cancellations().add(locked.execution_id, cancel.requested)
         try:
             # No future: the run reports on its own.
             self.threads.run_detached(functools.partial(self._run_in_thread, locked, cancel, done))
@@ -405,7 +410,8 @@ class ActivityExecutor(BaseExecutor):
     ) -> None:
         """Any thread. Only this run's entries go: a retry may be running already."""
         execution_id = locked.execution_id
-        self.storage.subscribe_cancellations().remove(execution_id, cancel.set)
+        listener = cancel.requested if isinstance(cancel, _RunCancel) else cancel.set
+        self.storage.subscribe_cancellations().remove(execution_id, listener)
         entry = self._inflight.get(execution_id)
         if entry is not None and entry[0] is done:
             self._inflight.pop(execution_id, None)
@@ -454,6 +460,56 @@ class ActivityExecutor(BaseExecutor):
                 locked.execution_id, locked.run_id, extras.logs, self.clock.now()
             )
 
+    async def _leave_behind(self) -> None:
+        """Stopping, and activity runs blocked in a host call (a WASI sleep) did not end
+        within `STOP_GRACE_SECONDS`: release their executions (`unlocked("executor
+        closing")`, so that another run can take them) and stop without them; an
+        outcome they write later is dropped."""
+        for execution_id, (f, cancel) in list(self._inflight.items()):
+            if f.done() or not isinstance(cancel, _RunCancel):
+                continue
+            locked = cancel.locked
+            log.warning(
+                "executor %s: stopping without the run of %s, blocked in a host call",
+                self.name,
+                execution_id,
+            )
+            del self._inflight[execution_id]
+            with contextlib.suppress(Conflict, NotFound, StorageError):
+                s = await self.storage.get_summary(execution_id)
+                u = s.underlying
+                if isinstance(u, Locked) and u.run_id == locked.run_id:
+                    now = self.clock.now()
+                    await self.storage.append(
+                        execution_id, s.next_version, [ev.Unlocked(now, "executor closing")], now
+                    )
+
+    def _finish_if_still_running(self, locked: LockedExecution, done: Future[None]) -> None:
+        """On the loop, when the cancellation of a running execution was requested: the
+        run is interrupted, but one blocked in a host call (a WASI sleep, a socket read)
+        notices only when the call returns. If it has not ended after
+        `CANCEL_GRACE_SECONDS`, the execution is finished `cancelled` without it (its
+        outcome, if it ever comes, is dropped)."""
+
+        async def later() -> None:
+            await self.clock.sleep(CANCEL_GRACE_SECONDS)
+            if done.done():
+                return
+            now = self.clock.now()
+            event = ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
+            extras = AppendExtras(run_id=locked.run_id)
+            if await self._append_after_cancellation(locked, event, extras, now):
+                log.info(
+                    "executor %s: %s finished cancelled; its run is still blocked in a host call",
+                    self.name,
+                    locked.execution_id,
+                )
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._grace_tasks.add(task)
+        task.add_done_callback(self._grace_tasks.discard)
+        task.add_done_callback(_ignore_outcome)
+
     async def _append_after_cancellation(
         self, locked: LockedExecution, event: ev.Event, extras: AppendExtras, now: datetime
     ) -> bool:
@@ -474,6 +530,27 @@ class ActivityExecutor(BaseExecutor):
         except (Conflict, NotFound):
             return False
         return True
+
+
+#: A cancelled activity run that has not ended this long after the request (blocked in a
+#: host call) is left behind: its execution is finished `cancelled` without it.
+CANCEL_GRACE_SECONDS = 1.0
+#: How long stopping waits for interrupted runs before it leaves the stuck ones behind.
+STOP_GRACE_SECONDS = 2.0
+
+
+class _RunCancel(threading.Event):
+    """The interrupt flag of one activity run. `requested` (the cancellation listener,
+    called on the loop) sets it and starts the grace period."""
+
+    def __init__(self, locked: LockedExecution, on_request: Callable[[], None]) -> None:
+        super().__init__()
+        self.locked = locked
+        self._on_request = on_request
+
+    def requested(self) -> None:
+        self.set()
+        self._on_request()
 
 
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:

@@ -216,6 +216,54 @@ async def test_cancel_running_spin(start_engine: StartEngine, tmp_path: Path) ->
     await legal(engine, eid)
 
 
+async def test_cancel_of_a_run_blocked_in_a_wasi_sleep_does_not_wait_for_it(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    path = await asyncio.to_thread(ensure_built, "activity_py")
+    engine = await start(
+        start_engine, tmp_path, wasm_section("activity_py", path, max_retries=0, lock_ms=120_000)
+    )
+    eid = await engine.submit("myapp:demo/activity.step", [1, 60_000])  # sleeps a minute
+    await wait_state(engine, eid, "locked")
+    # Nothing marks the moment the guest enters its sleep (a blocking WASI call that
+    # epoch interruption cannot reach); it is there well within this.
+    await asyncio.sleep(1.0)
+    started = time.monotonic()
+    await engine.cancel(eid)
+    result = await engine.result(eid, timeout=10)
+    assert time.monotonic() - started < 5
+    assert isinstance(result, ev.ExecutionFailure) and result.kind == "cancelled"
+    types = event_types(await engine.storage.get_events(eid))
+    assert types == ["created", "locked", "cancellation_requested", "finished"]
+    # Finished without its run, which is still asleep (it takes its slot until then).
+    executor = next(e for e in engine.executors if "myapp:demo/activity.step" in e.ffqns)
+    assert eid in executor._inflight
+    await legal(engine, eid)
+
+
+async def test_stop_does_not_wait_for_a_run_blocked_in_a_wasi_sleep(tmp_path: Path) -> None:
+    from engine.executor import STOP_GRACE_SECONDS
+    from engine.storage.sqlite import SqliteStorage
+
+    path = await asyncio.to_thread(ensure_built, "activity_py")
+    fx.share_compiled_cache(tmp_path / "data")
+    deployment = tmp_path / "deployment.toml"
+    deployment.write_text(wasm_section("activity_py", path, max_retries=0, lock_ms=120_000))
+    engine = await Engine.start(deployment, tmp_path / "data", watch=False)
+    eid = await engine.submit("myapp:demo/activity.step", [1, 60_000])
+    await wait_state(engine, eid, "locked")
+    await asyncio.sleep(1.0)  # into its sleep (see the test above)
+    started = time.monotonic()
+    await engine.stop()
+    assert time.monotonic() - started < STOP_GRACE_SECONDS + 3
+    storage = await SqliteStorage.open(tmp_path / "data" / "obelisk.sqlite")
+    try:
+        last = (await storage.get_events(eid))[-1].event
+        assert last == ev.Unlocked(last.backoff_expires_at, "executor closing")  # type: ignore[union-attr]
+    finally:
+        await storage.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Environment and output
 
