@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,16 +149,7 @@ def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -
         except wasm_activity.ComponentLoadError as e:
             raise DeploymentError(f"{config.section}, key `location`: {e}") from None
         _check_not_a_workflow(config, component)
-        functions = {
-            ffqn: FunctionInfo(
-                ffqn,
-                tuple(Param(name, t, format_wit_type(t)) for name, t in sig.params),
-                sig.result,
-                config.name,
-                config.type,
-            )
-            for ffqn, sig in signatures.items()
-        }
+        functions = _functions_of(config, signatures)
         if not functions:
             raise DeploymentError(f"{config.section}: {config.location} exports no functions")
         return LoadedComponent(
@@ -224,7 +215,17 @@ def wasm_workflow_component(
         wf_runner = WasmWorkflowRunner(component, wasm_engine, label=str(config.location))
     except WasmWorkflowLoadError as e:
         raise DeploymentError(f"{config.section}: {e}") from None
-    functions = {
+    return LoadedComponent(
+        config,
+        ev.ComponentId("workflow_wasm", config.name, digest),
+        _functions_of(config, wf_runner.exports),
+        wf_runner,
+    )
+
+
+def _functions_of(config: ComponentConfig, signatures: Mapping[str, Any]) -> dict[str, FunctionInfo]:
+    """The exported functions of a WASM component, from its signatures by FFQN."""
+    return {
         ffqn: FunctionInfo(
             ffqn,
             tuple(Param(name, t, format_wit_type(t)) for name, t in sig.params),
@@ -232,11 +233,8 @@ def wasm_workflow_component(
             config.name,
             config.type,
         )
-        for ffqn, sig in wf_runner.exports.items()
+        for ffqn, sig in signatures.items()
     }
-    return LoadedComponent(
-        config, ev.ComponentId("workflow_wasm", config.name, digest), functions, wf_runner
-    )
 
 
 async def load_registry(

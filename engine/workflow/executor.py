@@ -149,35 +149,16 @@ class WorkflowExecutor(BaseExecutor):
         and the run goes on; incompatible → `…{failed}`, the execution is pinned to the
         version that wrote it and released, and an executor of that version is asked
         for (`on_pinned`)."""
-        from engine.workflow.upgrade import (
-            DryRunHost,
-            check_compatible,
-            history_digest,
-            params_mismatch,
-        )
+        from engine.workflow.upgrade import check_upgrade, dry_run_host, history_digest
 
         digest = self.component.component_id.digest
         writer = history_digest(locked.events or [])
         if writer is None or writer == digest:
             return True
-        cfg = self.component.config
-        dry = DryRunHost(
-            locked=locked,
-            storage=self.storage,
-            registry=self.registry,
-            clock=self.clock,
-            loop=host.loop,
-            component_id=self.component.component_id,
-            executor_id="Exr_upgrade-check",
-            deployment_id="",
-            lock_expiry=timedelta(milliseconds=cfg.exec.lock_expiry_ms),
-            strategy="await",
+        dry = dry_run_host(
+            locked, self.storage, self.registry, self.clock, host.loop, self.component
         )
-        mismatch = params_mismatch(self.component, locked.ffqn, locked.params)
-        if mismatch is not None:
-            ok, reason = False, mismatch
-        else:
-            ok, reason = check_compatible(self.component.runner, dry, locked.params)
+        ok, reason = check_upgrade(self.component, dry, locked.params)
         if host.aborted is not None:
             return False  # paused, cancelled or stopping meanwhile: decide nothing now
         outcome: ev.UpgradeSuccess | ev.UpgradeFailed = (

@@ -168,6 +168,39 @@ def params_mismatch(target: LoadedComponent, ffqn: str, params: list[Any]) -> st
     return None
 
 
+def check_upgrade(target: LoadedComponent, host: DryRunHost, params: list[Any]) -> tuple[bool, str]:
+    """On a worker thread: may the execution `host` replays continue on `target`? Its
+    params must fit the declared types, and the code must reproduce its history.
+    (compatible, reason if not)."""
+    mismatch = params_mismatch(target, host.ffqn, params)
+    if mismatch is not None:
+        return False, mismatch
+    return check_compatible(target.runner, host, params)
+
+
+def dry_run_host(
+    locked: LockedExecution,
+    storage: Storage,
+    registry: Registry,
+    clock: Clock,
+    loop: asyncio.AbstractEventLoop,
+    target: LoadedComponent,
+) -> DryRunHost:
+    """A dry run of `locked` (its log and responses) against `target`."""
+    return DryRunHost(
+        locked=locked,
+        storage=storage,
+        registry=registry,
+        clock=clock,
+        loop=loop,
+        component_id=target.component_id,
+        executor_id="Exr_upgrade-check",
+        deployment_id="",
+        lock_expiry=timedelta(milliseconds=target.config.exec.lock_expiry_ms),
+        strategy="await",
+    )
+
+
 def running_digest(events: Iterable[ev.StoredEvent]) -> str | None:
     """The component digest an execution ran on last, according to its log: its
     `created` or latest `locked`, or the target of a later successful upgrade."""
@@ -281,16 +314,12 @@ class Upgrader:
         else:
             created = events[0].event
             assert isinstance(created, ev.Created)
-            mismatch = params_mismatch(target, created.ffqn, created.params)
-            if mismatch is not None:
-                ok, reason = False, mismatch
-            else:
-                responses = await self.storage.get_responses(eid)
-                host = self._dry_run_host(eid, events, responses, summary, target, registry)
-                loop = asyncio.get_running_loop()
-                ok, reason = await loop.run_in_executor(
-                    self.threads, check_compatible, target.runner, host, created.params
-                )
+            responses = await self.storage.get_responses(eid)
+            host = self._dry_run_host(eid, events, responses, summary, target, registry)
+            loop = asyncio.get_running_loop()
+            ok, reason = await loop.run_in_executor(
+                self.threads, check_upgrade, target, host, created.params
+            )
         event = ev.ComponentUpgradeFinished(
             digest, deployment_id, ev.UpgradeSuccess() if ok else ev.UpgradeFailed(reason)
         )
@@ -330,18 +359,8 @@ class Upgrader:
             events=events,
             responses=responses,
         )
-        cfg = target.config
-        return DryRunHost(
-            locked=locked,
-            storage=self.storage,
-            registry=registry,
-            clock=self.clock,
-            loop=asyncio.get_running_loop(),
-            component_id=target.component_id,
-            executor_id="Exr_upgrade-check",
-            deployment_id="",
-            lock_expiry=timedelta(milliseconds=cfg.exec.lock_expiry_ms),
-            strategy="await",
+        return dry_run_host(
+            locked, self.storage, registry, self.clock, asyncio.get_running_loop(), target
         )
 
 
@@ -380,6 +399,8 @@ __all__ = [
     "UpgradeResult",
     "Upgrader",
     "check_compatible",
+    "check_upgrade",
+    "dry_run_host",
     "history_digest",
     "params_mismatch",
     "running_digest",

@@ -527,15 +527,22 @@ async def test_reverting_to_the_pinned_version_unpins(
     assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
 
 
-async def test_pinned_execution_finishes_on_its_version_after_a_restart(
-    start_engine: StartEngine, tmp_path: Path
-) -> None:
+async def pinned_then_stopped(start_engine: StartEngine, tmp_path: Path) -> tuple[str, str, str]:
+    """An execution pinned to version 1 by an incompatible edit, then the engine stopped:
+    (version 1's digest, the execution, its stub child)."""
     engine = await start_engine(workflow_toml("interrupt"), files={"order.js": ORDER_V1})
     old_digest = engine.registry.function(ORDER)[1].component_id.digest
     eid = await engine.submit(ORDER, ["o-1"])
     child = await blocked_child(engine, eid)
     await edit_and_wait(engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order"))
     await engine.stop()
+    return old_digest, eid, child
+
+
+async def test_pinned_execution_finishes_on_its_version_after_a_restart(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    old_digest, eid, child = await pinned_then_stopped(start_engine, tmp_path)
 
     # Restarted with version 2 only: version 1 is rebuilt from its stored source.
     again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
@@ -560,12 +567,7 @@ async def test_pinned_execution_finishes_on_its_version_after_a_restart(
 async def test_pinned_execution_waits_when_its_version_cannot_be_rebuilt(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
-    engine = await start_engine(workflow_toml("interrupt"), files={"order.js": ORDER_V1})
-    old_digest = engine.registry.function(ORDER)[1].component_id.digest
-    eid = await engine.submit(ORDER, ["o-1"])
-    child = await blocked_child(engine, eid)
-    await edit_and_wait(engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order"))
-    await engine.stop()
+    old_digest, eid, child = await pinned_then_stopped(start_engine, tmp_path)
     # As if the database had been copied without version 1's source.
     with sqlite3.connect(tmp_path / "data" / "obelisk.sqlite") as db:
         db.execute("DELETE FROM component_sources WHERE digest = ?", (old_digest,))
