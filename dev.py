@@ -2,7 +2,7 @@
 """Set up and run the project with nothing but Python 3.11+.
 
     python3 dev.py demo     # set up, build the demo components, run the console on the demo
-    python3 dev.py test     # set up, build, then ruff + mypy + the whole test suite
+    python3 dev.py test     # set up, build, then ruff (lint and format) + mypy + the whole test suite
     python3 dev.py server   # the demo deployment as a server (REST API, `obelisk` CLI)
 
 Set-up is idempotent: a `.venv` is created and the project installed into it (again
@@ -46,8 +46,10 @@ def demo(extra: list[str]) -> int:
     to `obelisk-tui` (e.g. `python3 dev.py demo --no-traffic`); `python3 dev.py server`
     runs the demo as a server (REST API + CLI) instead."""
     args = [
-        str(VENV / "bin" / "obelisk-tui"), "--demo",
-        "--data-dir", str(ROOT / "data" / "demo"),
+        str(VENV / "bin" / "obelisk-tui"),
+        "--demo",
+        "--data-dir",
+        str(ROOT / "data" / "demo"),
         *extra,
     ]
     print("+", " ".join(args), flush=True)
@@ -57,9 +59,13 @@ def demo(extra: list[str]) -> int:
 def server(extra: list[str]) -> int:
     env_token = os.environ.get("OBELISK_API_TOKEN")
     args = [
-        str(VENV / "bin" / "obelisk"), "server", "run",
-        "--deployment", str(ROOT / "demo" / "deployment.toml"),
-        "--data-dir", str(ROOT / "data" / "demo-server"),
+        str(VENV / "bin" / "obelisk"),
+        "server",
+        "run",
+        "--deployment",
+        str(ROOT / "demo" / "deployment.toml"),
+        "--data-dir",
+        str(ROOT / "data" / "demo-server"),
         *extra,
     ]
     print("+", " ".join(args), flush=True)
@@ -69,7 +75,9 @@ def server(extra: list[str]) -> int:
 
 
 def test(extra: list[str]) -> int:
-    sh(PY, "-m", "ruff", "check", "engine", "obelisk_tui", "tests", "bench", "dev.py")
+    sources = ("engine", "obelisk_tui", "tests", "bench", "dev.py")
+    sh(PY, "-m", "ruff", "check", *sources)
+    sh(PY, "-m", "ruff", "format", "--check", *sources)
     sh(PY, "-m", "mypy")
     return sh(PY, "-m", "pytest", "-q", *extra, check=False)
 

@@ -64,7 +64,9 @@ async def run(
 ) -> dict[str, Any]:
     from engine.engine import Engine
 
-    deployment = write_deployment(data_dir, max_inflight=max_inflight, exec_batch_size=exec_batch_size)
+    deployment = write_deployment(
+        data_dir, max_inflight=max_inflight, exec_batch_size=exec_batch_size
+    )
     engine = await Engine.start(deployment, data_dir / "data", cpu_affinity=cpu_affinity)
     try:
         # Warm-up (not measured): the first instantiation, the first commit.
@@ -79,9 +81,7 @@ async def run(
         t0 = time.perf_counter()
         for start in range(0, count, batch_size):
             n = min(batch_size, count - start)
-            ids = await asyncio.gather(
-                *(engine.submit(FFQN, [start + i, 1]) for i in range(n))
-            )
+            ids = await asyncio.gather(*(engine.submit(FFQN, [start + i, 1]) for i in range(n)))
             waiters.extend(asyncio.create_task(engine.result(eid)) for eid in ids)
         t_submitted = time.perf_counter()
         results = await asyncio.gather(*waiters)
@@ -137,28 +137,38 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--count", type=int, default=10_000, help="executions to run (10000)")
     p.add_argument(
-        "--batch-size", type=int, default=500,
+        "--batch-size",
+        type=int,
+        default=500,
         help="concurrent submits per asyncio.gather batch (500)",
     )
     p.add_argument(
-        "--max-inflight", type=int, default=64,
+        "--max-inflight",
+        type=int,
+        default=64,
         help="executor: runs at once, the component's exec.max_inflight (64)",
     )
     p.add_argument(
-        "--exec-batch-size", type=int, default=64,
+        "--exec-batch-size",
+        type=int,
+        default=64,
         help="executor: executions locked per lock_pending call, exec.batch_size (64)",
     )
     p.add_argument(
-        "--default-gc", action="store_true",
+        "--default-gc",
+        action="store_true",
         help="keep CPython's default GC thresholds (default: engine.gc_tuning, as "
         "`obelisk server run` does)",
     )
     p.add_argument(
-        "--cpus", metavar="LIST",
+        "--cpus",
+        metavar="LIST",
         help="run pinned to these CPUs, e.g. 0 or 0,1 (os.sched_setaffinity; default: all)",
     )
     p.add_argument(
-        "--cpu-affinity", choices=["off", "split"], default="split",
+        "--cpu-affinity",
+        choices=["off", "split"],
+        default="split",
         help="the engine's thread placement (engine.affinity; default split)",
     )
     p.add_argument("--data-dir", type=Path, help="parent of the data dir (default: a temp dir)")

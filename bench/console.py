@@ -190,7 +190,9 @@ FANOUTS = 400
 FANOUT_CHILDREN = 5
 
 
-async def _wait_states(engine: Any, predicate: Callable[[dict[str, int]], bool], timeout: float, what: str) -> None:
+async def _wait_states(
+    engine: Any, predicate: Callable[[dict[str, int]], bool], timeout: float, what: str
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
         counts = await engine.storage.count_by_state()
@@ -212,7 +214,10 @@ async def _run_real_workflows(engine: Any, rng: random.Random) -> dict[str, int]
     fanouts = []
     for start in range(0, FANOUTS, 100):
         fanouts += await asyncio.gather(
-            *(engine.submit(FANOUT, [FANOUT_CHILDREN]) for _ in range(start, min(FANOUTS, start + 100)))
+            *(
+                engine.submit(FANOUT, [FANOUT_CHILDREN])
+                for _ in range(start, min(FANOUTS, start + 100))
+            )
         )
     for eid in fanouts:
         await engine.result(eid, 300)
@@ -223,7 +228,12 @@ async def _run_real_workflows(engine: Any, rng: random.Random) -> dict[str, int]
         f"{ORDERS} orders to block on their approvals",
     )
     rng.shuffle(orders)
-    approved, rejected, paused, cancelled = orders[:120], orders[120:180], orders[180:260], orders[260:300]
+    approved, rejected, paused, cancelled = (
+        orders[:120],
+        orders[120:180],
+        orders[180:260],
+        orders[260:300],
+    )
     for eid in approved:
         await engine.stub(f"{eid}.o:1-approve_1", {"ok": True})
     for eid in rejected:
@@ -262,7 +272,9 @@ class _Fab:
         from engine.core.ids import ExecutionId
 
         ms = int(at.timestamp() * 1000)
-        return str(ExecutionId.from_ulid(ULID.from_bytes(ms.to_bytes(6, "big") + self.rng.randbytes(10))))
+        return str(
+            ExecutionId.from_ulid(ULID.from_bytes(ms.to_bytes(6, "big") + self.rng.randbytes(10)))
+        )
 
     async def one(self, eid: str, t: datetime, kind: str, i: int) -> None:
         from engine.core import events as ev
@@ -296,8 +308,16 @@ class _Fab:
             return ev.Locked(comp, self.executor_id, new_run_id(), at + expiry, self.retry)
 
         if kind in ("ok", "ok_echo", "ok_greet"):
-            value = i + 1 if kind == "ok" else params[0] if kind == "ok_echo" else f"Hello, {params[0]}!"
-            await self.storage.append(eid, 1, [lock(run), ev.Finished(ev.ResultOk(value))], run + 3 * ms)
+            value = (
+                i + 1
+                if kind == "ok"
+                else params[0]
+                if kind == "ok_echo"
+                else f"Hello, {params[0]}!"
+            )
+            await self.storage.append(
+                eid, 1, [lock(run), ev.Finished(ev.ResultOk(value))], run + 3 * ms
+            )
             return
         if kind == "locked":
             await self.storage.append(eid, 1, [lock(run, self.now - run + timedelta(hours=2))], run)
@@ -316,14 +336,18 @@ class _Fab:
                 await self.storage.append(eid, version, [ev.Finished(ev.ResultErr(params[0]))], end)
                 return
             if last and kind == "trap":
-                failure = ev.ExecutionFailure("uncategorized", "trap", "wasm trap: wasm `unreachable` instruction executed")
+                failure = ev.ExecutionFailure(
+                    "uncategorized", "trap", "wasm trap: wasm `unreachable` instruction executed"
+                )
                 await self.storage.append(eid, version, [ev.Finished(failure)], end)
                 return
             backoff = end + timedelta(milliseconds=100 * 2**n)
             if last and kind == "pending_retry":
                 backoff = self.now + timedelta(hours=2)
             if kind == "trap":
-                event: Any = ev.TemporarilyFailed(backoff, "trap", "wasm trap: wasm `unreachable` instruction executed")
+                event: Any = ev.TemporarilyFailed(
+                    backoff, "trap", "wasm trap: wasm `unreachable` instruction executed"
+                )
             else:
                 event = ev.TemporarilyFailed(backoff, "returned err", json.dumps(params[0]))
             await self.storage.append(eid, version, [event], end)
@@ -345,7 +369,9 @@ KINDS: list[tuple[str, int]] = [
 ]
 
 
-async def build_database(deployment: Path, data_dir: Path, count: int, seed: int = 7) -> dict[str, Any]:
+async def build_database(
+    deployment: Path, data_dir: Path, count: int, seed: int = 7
+) -> dict[str, Any]:
     from engine.core import events as ev
     from engine.core.ids import new_executor_id
     from engine.engine import Engine
@@ -432,7 +458,9 @@ def db_counts(data_dir: Path) -> dict[str, Any]:
         return {
             "total": q("SELECT count(*) FROM executions"),
             "blocked": q("SELECT count(*) FROM executions WHERE state = 'blocked_by_join_set'"),
-            "pending_locked": q("SELECT count(*) FROM executions WHERE state IN ('pending_at', 'locked')"),
+            "pending_locked": q(
+                "SELECT count(*) FROM executions WHERE state IN ('pending_at', 'locked')"
+            ),
             "fail": q("SELECT count(*) FROM executions WHERE ffqn = ?", FAIL),
             "top": q("SELECT count(*) FROM executions WHERE parent_id IS NULL"),
             "id_prefix": prefix,
@@ -547,7 +575,11 @@ class Probe:
                 probe.slow.append(("frame", probe.label, round(1000 * (t1 - t0))))
 
         def display(app: App[Any], screen: Screen[Any], renderable: Any) -> None:
-            if renderable is not None and app.is_headless and isinstance(renderable, CompositorUpdate):
+            if (
+                renderable is not None
+                and app.is_headless
+                and isinstance(renderable, CompositorUpdate)
+            ):
                 renderable.render_segments(app.console)  # what a terminal would be sent
             original_display(app, screen, renderable)
             if renderable is None:
@@ -753,7 +785,11 @@ async def child_interact(args: argparse.Namespace) -> dict[str, Any]:
             n = len(probe.windows)
 
             def ordered(name: str = name, n: int = n) -> bool:
-                return screen.query_state.order == name and len(probe.windows) > n and visible_loaded(lst)
+                return (
+                    screen.query_state.order == name
+                    and len(probe.windows) > n
+                    and visible_loaded(lst)
+                )
 
             orders[name] = round(1000 * await key("o", ordered, f"order {name}"), 1)
         results["order"] = orders
@@ -788,7 +824,11 @@ async def child_interact(args: argparse.Namespace) -> dict[str, Any]:
             n = len(probe.windows)
 
             def unfiltered(n: int = n) -> bool:
-                return len(probe.windows) > n and lst.total == expected["total"] and visible_loaded(lst)
+                return (
+                    len(probe.windows) > n
+                    and lst.total == expected["total"]
+                    and visible_loaded(lst)
+                )
 
             cleared = await key("escape", unfiltered, "clear filter")
             filters[text] = {
@@ -806,7 +846,11 @@ async def child_interact(args: argparse.Namespace) -> dict[str, Any]:
             def echoed(length: int = len(box.value)) -> bool:
                 return len(box.value) == length + 1
 
-            typing.append(await key(ch if ch.isalnum() else {":": "colon"}.get(ch, ch), echoed, f"typing {ch}"))
+            typing.append(
+                await key(
+                    ch if ch.isalnum() else {":": "colon"}.get(ch, ch), echoed, f"typing {ch}"
+                )
+            )
         results["typing"] = summary(typing)
         await key("escape", lambda: not box.display, "close the box")
         results["frames"] = summary(probe.frames_since(t_start))
@@ -842,7 +886,12 @@ async def child_reload(args: argparse.Namespace) -> dict[str, Any]:
 
         from obelisk_tui.screens.components import ComponentsScreen
 
-        fut = probe.expect(lambda: isinstance(app.screen, ComponentsScreen) and app.screen.query_one(DataTable).row_count > 0)
+        fut = probe.expect(
+            lambda: (
+                isinstance(app.screen, ComponentsScreen)
+                and app.screen.query_one(DataTable).row_count > 0
+            )
+        )
         await pilot.press("C")
         await wait_for(fut, 10, "the components screen")
         await pilot.pause(1.0)
@@ -873,7 +922,11 @@ async def child_reload(args: argparse.Namespace) -> dict[str, Any]:
             toast_s = await wait_for(t_toast, 120, f"{name}'s reload toast") - t0
             toast = [str(n.message) for n in app._notifications if n.identity not in seen]
             out.setdefault(name, []).append(
-                {"table_ms": round(1000 * table_s, 1), "toast_ms": round(1000 * toast_s, 1), "toast": toast}
+                {
+                    "table_ms": round(1000 * table_s, 1),
+                    "toast_ms": round(1000 * toast_s, 1),
+                    "toast": toast,
+                }
             )
             await pilot.pause(1.5)
     return out
@@ -916,7 +969,9 @@ def heap() -> dict[str, Any]:
     }
 
 
-async def _measure_window(probe: Probe, seconds: float, pid_extra: int | None = None) -> dict[str, Any]:
+async def _measure_window(
+    probe: Probe, seconds: float, pid_extra: int | None = None
+) -> dict[str, Any]:
     heap0 = heap()
     probe.lags.clear()
     cpu0, th0, w0 = time.process_time(), thread_cpu(), time.perf_counter()
@@ -928,7 +983,9 @@ async def _measure_window(probe: Probe, seconds: float, pid_extra: int | None = 
     out = {
         "seconds": round(wall, 2),
         "cpu_percent_of_one_core": round(100 * (cpu1 - cpu0) / wall, 1),
-        "threads_percent": {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0},
+        "threads_percent": {
+            k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0
+        },
         "refresh": _refresh_stats(probe.windows, w0, w1),
         "frames": summary(probe.frames_since(w0)),
         "loop_stalls": summary(probe.lags),
@@ -1038,22 +1095,34 @@ def child_main(args: argparse.Namespace) -> int:
 
 def _child_cmd(child: str, deployment: Path, data: Path, **extra: Any) -> list[str]:
     cmd = [
-        sys.executable, "-m", "bench.console", "--child", child,
-        "--deployment", str(deployment), "--data", str(data),
-        "--spawned-at", repr(time.time()),
+        sys.executable,
+        "-m",
+        "bench.console",
+        "--child",
+        child,
+        "--deployment",
+        str(deployment),
+        "--data",
+        str(data),
+        "--spawned-at",
+        repr(time.time()),
     ]
     for k, v in extra.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     return cmd
 
 
-def run_child(child: str, deployment: Path, data: Path, timeout: float = 900, **extra: Any) -> dict[str, Any]:
+def run_child(
+    child: str, deployment: Path, data: Path, timeout: float = 900, **extra: Any
+) -> dict[str, Any]:
     cmd = _child_cmd(child, deployment, data, **extra)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])  # type: ignore[no-any-return]
-    raise SystemExit(f"child {child} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    raise SystemExit(
+        f"child {child} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
 
 
 class Server:
@@ -1063,9 +1132,22 @@ class Server:
         exe = VENV_BIN / "obelisk"
         cmd = [str(exe)] if exe.is_file() else [sys.executable, "-m", "engine.cli"]
         self.proc = subprocess.Popen(
-            [*cmd, "server", "run", "--deployment", str(deployment), "--data-dir", str(data),
-             "--api-listen", "127.0.0.1:0", "--allow-unauthenticated-api"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+            [
+                *cmd,
+                "server",
+                "run",
+                "--deployment",
+                str(deployment),
+                "--data-dir",
+                str(data),
+                "--api-listen",
+                "127.0.0.1:0",
+                "--allow-unauthenticated-api",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
         )
         self.output: list[str] = []
         deadline = time.monotonic() + 180
@@ -1111,9 +1193,13 @@ async def submit_flow(url: str, rate: float, stop: asyncio.Event, counts: dict[s
     async with aiohttp.ClientSession() as session:
 
         async def one(i: int) -> None:
-            async with session.post(f"{url}/v1/executions", json={"ffqn": ADD, "params": [i, 1]}) as r:
+            async with session.post(
+                f"{url}/v1/executions", json={"ffqn": ADD, "params": [i, 1]}
+            ) as r:
                 await r.read()
-                counts["ok" if r.status < 300 else "failed"] = counts.get("ok" if r.status < 300 else "failed", 0) + 1
+                counts["ok" if r.status < 300 else "failed"] = (
+                    counts.get("ok" if r.status < 300 else "failed", 0) + 1
+                )
 
         tasks: set[asyncio.Task[None]] = set()
         t_next = time.perf_counter()
@@ -1132,16 +1218,29 @@ def phase_flow(deployment: Path, data: Path, args: argparse.Namespace) -> dict[s
     server = Server(deployment, data)
     try:
         cmd = _child_cmd(
-            "attached", deployment, data, url=server.url,
-            idle_seconds=args.idle_seconds, flow_seconds=args.flow_seconds,
+            "attached",
+            deployment,
+            data,
+            url=server.url,
+            idle_seconds=args.idle_seconds,
+            flow_seconds=args.flow_seconds,
         )
-        child = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert child.stdout is not None and child.stdin is not None
         for line in child.stdout:
             if line.startswith("READY"):
                 break
         else:
-            raise SystemExit("attached console did not start:\n" + (child.stderr.read() if child.stderr else ""))
+            raise SystemExit(
+                "attached console did not start:\n" + (child.stderr.read() if child.stderr else "")
+            )
 
         async def drive() -> dict[str, Any]:
             stop = asyncio.Event()
@@ -1170,7 +1269,9 @@ def phase_flow(deployment: Path, data: Path, args: argparse.Namespace) -> dict[s
                 result: dict[str, Any] = json.loads(line[len("RESULT ") :])
                 result["driver"] = driven
                 return result
-        raise SystemExit("attached console gave no result:\n" + (child.stderr.read() if child.stderr else ""))
+        raise SystemExit(
+            "attached console gave no result:\n" + (child.stderr.read() if child.stderr else "")
+        )
     finally:
         server.stop()
 
@@ -1196,12 +1297,19 @@ def phase_tmux(deployment: Path, data: Path, runs: int) -> dict[str, Any]:
         session = f"bench-console-{os.getpid()}-{run}"
         cmd = f"{exe} --deployment {deployment} --data-dir {data}"
         t0 = time.perf_counter()
-        subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", str(SIZE[0]), "-y", str(SIZE[1]), cmd], check=True)
+        subprocess.run(
+            [tmux, "new-session", "-d", "-s", session, "-x", str(SIZE[0]), "-y", str(SIZE[1]), cmd],
+            check=True,
+        )
         try:
             seen = None
             while time.perf_counter() - t0 < 120:
-                pane = subprocess.run([tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
-                if re.search(r"[\d,]+ executions · newest first", pane) and re.search(r"E_[0-9A-Z]{10}", pane):
+                pane = subprocess.run(
+                    [tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True
+                ).stdout
+                if re.search(r"[\d,]+ executions · newest first", pane) and re.search(
+                    r"E_[0-9A-Z]{10}", pane
+                ):
                     seen = time.perf_counter() - t0
                     break
                 time.sleep(0.01)
@@ -1229,8 +1337,17 @@ def phase_tmux(deployment: Path, data: Path, runs: int) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "obelisk_tui", "engine"], cwd=REPO, capture_output=True, text=True).stdout.strip())
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--", "obelisk_tui", "engine"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     return {
         "date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
         "commit": head + (" (obelisk_tui/ or engine/ modified)" if dirty else ""),
@@ -1257,9 +1374,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help=f"comma-separated phases of {','.join(PHASES)}")
     p.add_argument("--tmux", action="store_true", help="also the tmux phase")
     p.add_argument("--db", type=Path, help="keep/reuse the built deployment and database here")
-    p.add_argument("--runs", type=int, default=3, help="first-frame processes, reload edits per file (3)")
-    p.add_argument("--rate", type=float, default=100.0, help="executions/s in the flow phases (100)")
-    p.add_argument("--flow-seconds", type=float, default=30.0, help="measured window while flowing (30)")
+    p.add_argument(
+        "--runs", type=int, default=3, help="first-frame processes, reload edits per file (3)"
+    )
+    p.add_argument(
+        "--rate", type=float, default=100.0, help="executions/s in the flow phases (100)"
+    )
+    p.add_argument(
+        "--flow-seconds", type=float, default=30.0, help="measured window while flowing (30)"
+    )
     p.add_argument("--idle-seconds", type=float, default=10.0, help="measured idle window (10)")
     p.add_argument("--data-dir", type=Path, help="parent of the temporary directories")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -1328,8 +1451,12 @@ def main(argv: list[str] | None = None) -> int:
         if "embedded-flow" in phases:
             dep, dat = fresh("embedded-flow")
             results["embedded_flow"] = run_child(
-                "embedded-flow", dep, dat, rate=args.rate,
-                idle_seconds=args.idle_seconds, flow_seconds=args.flow_seconds,
+                "embedded-flow",
+                dep,
+                dat,
+                rate=args.rate,
+                idle_seconds=args.idle_seconds,
+                flow_seconds=args.flow_seconds,
             )
             say(f"flow (embedded): {json.dumps(results['embedded_flow'])}")
         if "tmux" in phases:

@@ -83,10 +83,15 @@ class Server:
         self.output: list[str] = []
         self.proc = subprocess.Popen(
             [
-                *_obelisk(), "server", "run",
-                "--deployment", str(deployment),
-                "--data-dir", str(workdir / "data"),
-                "--api-listen", "127.0.0.1:0",
+                *_obelisk(),
+                "server",
+                "run",
+                "--deployment",
+                str(deployment),
+                "--data-dir",
+                str(workdir / "data"),
+                "--api-listen",
+                "127.0.0.1:0",
                 "--allow-unauthenticated-api",
             ],
             stdout=subprocess.PIPE,
@@ -181,7 +186,9 @@ def measure_cli(server: Server, runs: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         proc = subprocess.run(
             [*_obelisk(), "execution", "submit", FFQN, f"[{i}, 1]", "--follow", "--json"],
-            capture_output=True, text=True, env=env,
+            capture_output=True,
+            text=True,
+            env=env,
         )
         cli.append(time.perf_counter() - t0)
         if proc.returncode != 0 or json.loads(proc.stdout)["result"] != {"ok": i + 1}:
@@ -223,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 {s['p99_ms']:7.2f} ms   max {s['max_ms']:7.2f} ms"
         )
 
-    print(f"{h['samples']} sequential executions of {FFQN} over one HTTP connection "
-          f"(after {h['warmup']} warm-up):")
+    print(
+        f"{h['samples']} sequential executions of {FFQN} over one HTTP connection "
+        f"(after {h['warmup']} warm-up):"
+    )
     print(line("submit → result", h["round_trip"]))
     print(line("  POST /v1/executions", h["submit"]))
     print(line("  GET …?follow=true", h["follow"]))

@@ -77,9 +77,18 @@ class Server:
         self.log = log.open("w")
         self.proc = subprocess.Popen(
             [
-                str(OBELISK), "server", "run", "--deployment", str(deployment),
-                "--data-dir", str(data_dir), "--database-url", url,
-                "--api-listen", "127.0.0.1:0", "--allow-unauthenticated-api",
+                str(OBELISK),
+                "server",
+                "run",
+                "--deployment",
+                str(deployment),
+                "--data-dir",
+                str(data_dir),
+                "--database-url",
+                url,
+                "--api-listen",
+                "127.0.0.1:0",
+                "--allow-unauthenticated-api",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -128,16 +137,19 @@ async def one_run(
     url = base_url + ("&" if "?" in base_url else "?") + f"schema={schema}"
     deployment = write_deployment(tmp)
     procs = [
-        Server(deployment, tmp / f"data-{k}", url, tmp / f"server-{k}.log")
-        for k in range(servers)
+        Server(deployment, tmp / f"data-{k}", url, tmp / f"server-{k}.log") for k in range(servers)
     ]
     try:
         for p in procs:
             if not p.ready.wait(120) or p.proc.poll() is not None:
                 raise RuntimeError(f"server did not start: see {p.log.name}")
         client = await Engine.start(
-            deployment, tmp / "client", database_url=url, run_executors=False,
-            run_watcher=False, watch=False,
+            deployment,
+            tmp / "client",
+            database_url=url,
+            run_executors=False,
+            run_watcher=False,
+            watch=False,
         )
         try:
             # Due a moment after the last submit (submitting runs at ~1,000/s here).
@@ -147,17 +159,21 @@ async def one_run(
                 total = args.activities
                 steps = total
                 for start in range(0, total, 500):
-                    await asyncio.gather(*(
-                        client.submit(ACTIVITY, [i, 1], scheduled_at=due)
-                        for i in range(start, min(total, start + 500))
-                    ))
+                    await asyncio.gather(
+                        *(
+                            client.submit(ACTIVITY, [i, 1], scheduled_at=due)
+                            for i in range(start, min(total, start + 500))
+                        )
+                    )
             else:
                 steps = args.workflows * args.children
                 total = args.workflows + steps
-                await asyncio.gather(*(
-                    client.submit(FANOUT, [args.children], scheduled_at=due)
-                    for _ in range(args.workflows)
-                ))
+                await asyncio.gather(
+                    *(
+                        client.submit(FANOUT, [args.children], scheduled_at=due)
+                        for _ in range(args.workflows)
+                    )
+                )
             if client.clock.now() >= due:
                 raise RuntimeError("submitting took longer than planned: the backlog was not full")
         finally:
@@ -175,8 +191,9 @@ async def one_run(
             elapsed = time.perf_counter() - t0
             cpu = sum(_cpu_of(p.proc.pid) - c for p, c in zip(procs, cpu0, strict=True))
             pg = postgres_cpu(postmaster) - pg0
-            commits = await conn.fetchval("SELECT xact_commit FROM pg_stat_database "
-                                          "WHERE datname = current_database()")
+            commits = await conn.fetchval(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            )
         finally:
             await conn.close()
     finally:

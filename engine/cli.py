@@ -227,7 +227,9 @@ def _reject_constant(name: str) -> Any:
 def _parse_json_arg(text: str, what: str) -> Any:
     try:
         value = json.loads(text, parse_constant=_reject_constant)
-        json.dumps(value, ensure_ascii=False).encode("utf-8")  # lone surrogates ("\ud800") cannot be sent
+        json.dumps(value, ensure_ascii=False).encode(
+            "utf-8"
+        )  # lone surrogates ("\ud800") cannot be sent
     except ValueError as e:  # UnicodeEncodeError included
         raise UsageError(f"{what} is not valid JSON: {e}") from None
     return value
@@ -289,8 +291,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         _table(
             ("EXECUTION ID", "STATE", "CREATED", "FFQN"),
             [
-                (r["execution_id"], format_state(r["state"]), format_time(r["created_at"]),
-                 r["ffqn"])
+                (
+                    r["execution_id"],
+                    format_state(r["state"]),
+                    format_time(r["created_at"]),
+                    r["ffqn"],
+                )
                 for r in rows
             ],
         )
@@ -326,8 +332,10 @@ def cmd_events(args: argparse.Namespace) -> int:
     print(
         _table(
             ("VERSION", "CREATED", "EVENT"),
-            [(str(e["version"]), format_time(e["created_at"]), _summarize(e["event"]))
-             for e in events],
+            [
+                (str(e["version"]), format_time(e["created_at"]), _summarize(e["event"]))
+                for e in events
+            ],
         )
     )
     return 0
@@ -344,8 +352,10 @@ def cmd_responses(args: argparse.Namespace) -> int:
     print(
         _table(
             ("CURSOR", "CREATED", "RESPONSE"),
-            [(str(r["cursor"]), format_time(r["created_at"]), _summarize(r["response"]))
-             for r in responses],
+            [
+                (str(r["cursor"]), format_time(r["created_at"]), _summarize(r["response"]))
+                for r in responses
+            ],
         )
     )
     return 0
@@ -397,7 +407,9 @@ def cmd_delay_cancel(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(info)
     else:
-        print(f"cancelled delay {args.id}: {info['execution_id']} now {format_state(info['state'])}")
+        print(
+            f"cancelled delay {args.id}: {info['execution_id']} now {format_state(info['state'])}"
+        )
     return 0
 
 
@@ -467,41 +479,69 @@ def build_parser() -> argparse.ArgumentParser:
     server_sub = server.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     run = server_sub.add_parser("run", help="run the engine and the REST API until stopped")
     run.add_argument("--deployment", required=True, metavar="FILE", help="deployment.toml")
-    run.add_argument("--data-dir", default="data", metavar="DIR",
-                     help="database and caches (default ./data)")
-    run.add_argument("--api-listen", default="127.0.0.1:5005", metavar="HOST:PORT",
-                     help="API address (default 127.0.0.1:5005)")
-    run.add_argument("--allow-unauthenticated-api", action="store_true",
-                     help=f"no bearer token (otherwise {TOKEN_ENV} or a generated one)")
-    run.add_argument("--database-url", metavar="URL",
-                     help="PostgreSQL shared by several servers: postgresql://user:password@"
-                          "host:port/dbname[?schema=NAME] (env OBELISK_DATABASE_URL; "
-                          "default: SQLite in the data dir)")
-    run.add_argument("--config", metavar="FILE",
-                     help="server config TOML ([database.postgres] host, port, user, "
-                          "password or password_env, dbname, schema)")
-    run.add_argument("--cpu-affinity", choices=["split", "off"], default="split",
-                     help="split (default): the threads that take turns on the GIL on one "
-                          "CPU, the SQLite writer and activity runs on the others; off: "
-                          "leave placement to the OS")
+    run.add_argument(
+        "--data-dir", default="data", metavar="DIR", help="database and caches (default ./data)"
+    )
+    run.add_argument(
+        "--api-listen",
+        default="127.0.0.1:5005",
+        metavar="HOST:PORT",
+        help="API address (default 127.0.0.1:5005)",
+    )
+    run.add_argument(
+        "--allow-unauthenticated-api",
+        action="store_true",
+        help=f"no bearer token (otherwise {TOKEN_ENV} or a generated one)",
+    )
+    run.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="PostgreSQL shared by several servers: postgresql://user:password@"
+        "host:port/dbname[?schema=NAME] (env OBELISK_DATABASE_URL; "
+        "default: SQLite in the data dir)",
+    )
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        help="server config TOML ([database.postgres] host, port, user, "
+        "password or password_env, dbname, schema)",
+    )
+    run.add_argument(
+        "--cpu-affinity",
+        choices=["split", "off"],
+        default="split",
+        help="split (default): the threads that take turns on the GIL on one "
+        "CPU, the SQLite writer and activity runs on the others; off: "
+        "leave placement to the OS",
+    )
     run.set_defaults(handler=cmd_server_run)
 
     # execution
     execution = top.add_parser("execution", help="submit and inspect executions")
     ex = execution.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    p = ex.add_parser("submit", parents=[common, json_flag], help="submit an execution",
-                      description="Submit a top-level execution. With --follow, wait and "
-                      "print the result; the exit status is then 1 unless it is ok.")
+    p = ex.add_parser(
+        "submit",
+        parents=[common, json_flag],
+        help="submit an execution",
+        description="Submit a top-level execution. With --follow, wait and "
+        "print the result; the exit status is then 1 unless it is ok.",
+    )
     p.add_argument("ffqn", metavar="FFQN", help="e.g. myapp:demo/activity.step")
-    p.add_argument("params", metavar="PARAMS", nargs="?", default="[]",
-                   help="params as a JSON array (default [])")
+    p.add_argument(
+        "params",
+        metavar="PARAMS",
+        nargs="?",
+        default="[]",
+        help="params as a JSON array (default [])",
+    )
     p.add_argument("--follow", action="store_true", help="wait for the result and print it")
     p.set_defaults(handler=cmd_submit)
 
     p = ex.add_parser("list", parents=[common, json_flag], help="list executions, newest first")
     p.add_argument("--ffqn", metavar="PREFIX", help="only FFQNs starting with PREFIX")
-    p.add_argument("--state", action="append", choices=STATE_NAMES,
-                   help="only this state (repeatable)")
+    p.add_argument(
+        "--state", action="append", choices=STATE_NAMES, help="only this state (repeatable)"
+    )
     p.add_argument("--hide-finished", action="store_true", help="leave out finished ones")
     p.add_argument("--top-level-only", action="store_true", help="leave out children")
     p.add_argument("--id-prefix", metavar="PREFIX", help="only ids starting with PREFIX")
@@ -513,12 +553,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     p.set_defaults(handler=cmd_status)
 
-    p = ex.add_parser("result", parents=[common, json_flag], help="result of an execution",
-                      description="Print the result (exit status 1 unless it is ok).")
+    p = ex.add_parser(
+        "result",
+        parents=[common, json_flag],
+        help="result of an execution",
+        description="Print the result (exit status 1 unless it is ok).",
+    )
     p.add_argument("id", metavar="ID")
     p.add_argument("--follow", action="store_true", help="wait until it finishes")
-    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
-                   help="with --follow: give up after SECONDS")
+    p.add_argument(
+        "--timeout", type=_seconds, metavar="SECONDS", help="with --follow: give up after SECONDS"
+    )
     p.set_defaults(handler=cmd_result)
 
     p = ex.add_parser("events", parents=[common, json_flag], help="the execution log")
@@ -527,8 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length", type=_positive_int, metavar="N", help="at most N events")
     p.set_defaults(handler=cmd_events)
 
-    p = ex.add_parser("responses", parents=[common, json_flag],
-                      help="responses received (children, delays)")
+    p = ex.add_parser(
+        "responses", parents=[common, json_flag], help="responses received (children, delays)"
+    )
     p.add_argument("id", metavar="ID")
     p.set_defaults(handler=cmd_responses)
 
@@ -537,38 +583,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive_int, metavar="N", help="at most N lines")
     p.set_defaults(handler=cmd_logs)
 
-    for name, text in (("pause", "pause an execution"), ("unpause", "unpause an execution"),
-                       ("cancel", "cancel an activity or a -cancellable workflow")):
+    for name, text in (
+        ("pause", "pause an execution"),
+        ("unpause", "unpause an execution"),
+        ("cancel", "cancel an activity or a -cancellable workflow"),
+    ):
         p = ex.add_parser(name, parents=[common, json_flag], help=text)
         p.add_argument("id", metavar="ID")
         p.set_defaults(handler=_action(name))
 
-    p = ex.add_parser("stub", parents=[common, json_flag],
-                      help="write the result of an activity_stub execution")
+    p = ex.add_parser(
+        "stub", parents=[common, json_flag], help="write the result of an activity_stub execution"
+    )
     p.add_argument("id", metavar="ID")
     p.add_argument("result", metavar="RESULT", help='{"ok": value} or {"err": value}')
     p.set_defaults(handler=cmd_stub)
 
-    p = ex.add_parser("persist-backtraces", parents=[common, json_flag],
-                      help="replay a JS workflow and store its backtraces",
-                      description="Replay the execution against its deployed code (no "
-                      "history is written) and store the JS stack of every history event.")
+    p = ex.add_parser(
+        "persist-backtraces",
+        parents=[common, json_flag],
+        help="replay a JS workflow and store its backtraces",
+        description="Replay the execution against its deployed code (no "
+        "history is written) and store the JS stack of every history event.",
+    )
     p.add_argument("id", metavar="ID")
     p.set_defaults(handler=cmd_persist_backtraces)
 
     # delay
     delay = top.add_parser("delay", help="delays (timers) of workflows")
     delay_sub = delay.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    p = delay_sub.add_parser("cancel", parents=[common, json_flag],
-                             help="cancel a delay: its workflow gets delay_finished(cancelled)")
+    p = delay_sub.add_parser(
+        "cancel",
+        parents=[common, json_flag],
+        help="cancel a delay: its workflow gets delay_finished(cancelled)",
+    )
     p.add_argument("id", metavar="ID", help="Delay_<ULID>.<join set>_<n>")
     p.set_defaults(handler=cmd_delay_cancel)
 
     # component
     component = top.add_parser("component", help="deployed components")
     comp = component.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    p = comp.add_parser("list", parents=[common, json_flag],
-                        help="components and their exported functions")
+    p = comp.add_parser(
+        "list", parents=[common, json_flag], help="components and their exported functions"
+    )
     p.set_defaults(handler=cmd_components)
     return parser
 

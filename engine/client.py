@@ -173,6 +173,7 @@ class ServerUnreachable(ApiError):
 # The client
 # ---------------------------------------------------------------------------------------
 
+
 class _Unset(enum.Enum):
     UNSET = enum.auto()
 
@@ -184,7 +185,10 @@ class ApiClient:
     """`ApiClient("http://127.0.0.1:5005", token)`; `token=None` sends no Authorization."""
 
     def __init__(
-        self, base_url: str = DEFAULT_API_URL, token: str | None = None, *,
+        self,
+        base_url: str = DEFAULT_API_URL,
+        token: str | None = None,
+        *,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.base_url = base_url.rstrip("/")

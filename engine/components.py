@@ -160,7 +160,9 @@ def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -
         )
     if config.type == "workflow_js":
         source = data.decode("utf-8", errors="replace")
-        return js_workflow_component(config, source, _typed_digest(config, data), str(config.location))
+        return js_workflow_component(
+            config, source, _typed_digest(config, data), str(config.location)
+        )
     if config.type == "workflow_wasm":
         try:
             component = wasm_engine.load_component(config.location, cache_dir)
@@ -223,7 +225,9 @@ def wasm_workflow_component(
     )
 
 
-def _functions_of(config: ComponentConfig, signatures: Mapping[str, Any]) -> dict[str, FunctionInfo]:
+def _functions_of(
+    config: ComponentConfig, signatures: Mapping[str, Any]
+) -> dict[str, FunctionInfo]:
     """The exported functions of a WASM component, from its signatures by FFQN."""
     return {
         ffqn: FunctionInfo(

@@ -71,7 +71,9 @@ def outcome_to_event(
     if wit_type is not None:
         assert isinstance(outcome, RunOk | RunErr)
         try:
-            outcome = dataclasses.replace(outcome, value=validate_json(outcome.value, wit_type, what))
+            outcome = dataclasses.replace(
+                outcome, value=validate_json(outcome.value, wit_type, what)
+            )
         except WitValueError as e:
             failure = ev.ExecutionFailure("uncategorized", f"invalid {what}", str(e))
             return on_temporary_failure(s, now, failure.reason, str(e), failure)
@@ -243,7 +245,10 @@ class BaseExecutor:
             for _, cancel in inflight:
                 cancel.set()
             _, stuck = await asyncio.wait(
-                [f if isinstance(f, asyncio.Future) else asyncio.wrap_future(f) for f, _ in inflight],
+                [
+                    f if isinstance(f, asyncio.Future) else asyncio.wrap_future(f)
+                    for f, _ in inflight
+                ],
                 timeout=STOP_GRACE_SECONDS,
             )
             if stuck:

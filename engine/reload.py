@@ -456,16 +456,13 @@ class ReloadManager:
             engine.deployment_id,
             ", ".join(f"{c.change} {c.type} {c.name}" for c in changes),
             "".join(
-                f"; upgrade of {u.execution_id} {u.outcome}"
-                + (f": {u.reason}" if u.reason else "")
+                f"; upgrade of {u.execution_id} {u.outcome}" + (f": {u.reason}" if u.reason else "")
                 for u in upgrades
             ),
         )
         return self._publish(status)
 
-    async def _apply(
-        self, old: Registry, new: Registry
-    ) -> tuple[list[UpgradeResult], str | None]:
+    async def _apply(self, old: Registry, new: Registry) -> tuple[list[UpgradeResult], str | None]:
         """Swap executors; upgrade workflows in between (nothing runs them meanwhile).
         Returns the upgrades, and an error when they could not all be checked."""
         engine = self.engine
@@ -718,9 +715,7 @@ class ReloadManager:
         return {p: _fingerprint(p) for p in paths}
 
     def _changed_since_load(self) -> list[str]:
-        return sorted(
-            str(p) for p, fp in self._fingerprints.items() if _fingerprint(p) != fp
-        )
+        return sorted(str(p) for p, fp in self._fingerprints.items() if _fingerprint(p) != fp)
 
     async def _watch_loop(self) -> None:
         failures = 0

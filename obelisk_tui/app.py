@@ -201,7 +201,9 @@ class ObeliskApp(App[None]):
             self.notify(
                 reload_summary(reload) if ok else str(reload.get("error")),
                 title="hot reload" if ok else "hot reload failed: the previous version stays",
-                severity=("warning" if reload.get("orphaned") else "information") if ok else "error",
+                severity=("warning" if reload.get("orphaned") else "information")
+                if ok
+                else "error",
                 timeout=6 if ok else 15,
             )
             for screen in self.screen_stack:
@@ -260,7 +262,10 @@ class ObeliskApp(App[None]):
 
     def action_freeze(self) -> None:
         self.frozen = not self.frozen
-        self.notify("live refresh frozen (space resumes)" if self.frozen else "live refresh resumed", timeout=2)
+        self.notify(
+            "live refresh frozen (space resumes)" if self.frozen else "live refresh resumed",
+            timeout=2,
+        )
         self.request_refresh()
 
     def action_refresh(self) -> None:

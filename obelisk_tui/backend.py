@@ -46,7 +46,6 @@ __all__ = [
 ]
 
 
-
 class ConsoleBackend(Protocol):
     """Everything the console asks of the engine. Errors: `ApiError`."""
 
@@ -163,7 +162,9 @@ class EmbeddedBackend:
     ) -> list[ExecutionInfo]:
         from engine.server.api import execution_info
 
-        rows = await self.engine.storage.list_executions(query.to_filter(offset, limit, extras=True))
+        rows = await self.engine.storage.list_executions(
+            query.to_filter(offset, limit, extras=True)
+        )
         return [execution_info(r) for r in rows]
 
     async def count_executions(self, query: ExecutionQuery) -> int:
@@ -391,10 +392,14 @@ class RestBackend:
 
     async def wait_reload(self, after_generation: int, timeout: float) -> DeploymentInfo:
         q = [("after", str(after_generation)), ("timeout", f"{timeout:g}")]
-        return cast(DeploymentInfo, await self._request("GET", "/v1/deployment", query=q, wait=timeout))
+        return cast(
+            DeploymentInfo, await self._request("GET", "/v1/deployment", query=q, wait=timeout)
+        )
 
     async def submit(self, ffqn: str, params: list[Any]) -> str:
-        answer = await self._request("POST", "/v1/executions", body={"ffqn": ffqn, "params": params})
+        answer = await self._request(
+            "POST", "/v1/executions", body={"ffqn": ffqn, "params": params}
+        )
         return str(answer["execution_id"])
 
     async def pause(self, execution_id: str) -> None:

@@ -42,16 +42,29 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--deployment", type=Path, help="deployment TOML to run embedded")
     where.add_argument("--demo", action="store_true", help="the demo deployment, with demo traffic")
     where.add_argument(
-        "--attach", metavar="URL", nargs="?", const=DEFAULT_API_URL,
+        "--attach",
+        metavar="URL",
+        nargs="?",
+        const=DEFAULT_API_URL,
         help=f"a running obelisk server (default {DEFAULT_API_URL}); token from {TOKEN_ENV}",
     )
-    p.add_argument("--data-dir", type=Path, help="embedded: the database and caches "
-                   "(default: data/demo for --demo, ./data otherwise)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        help="embedded: the database and caches (default: data/demo for --demo, ./data otherwise)",
+    )
     p.add_argument("--no-traffic", action="store_true", help="--demo without generated traffic")
-    p.add_argument("--serve", action="store_true",
-                   help="serve the console to browsers (textual-serve), on one shared engine")
-    p.add_argument("--serve-listen", default="127.0.0.1:8000", metavar="HOST:PORT",
-                   help="with --serve: where browsers connect (default 127.0.0.1:8000)")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the console to browsers (textual-serve), on one shared engine",
+    )
+    p.add_argument(
+        "--serve-listen",
+        default="127.0.0.1:8000",
+        metavar="HOST:PORT",
+        help="with --serve: where browsers connect (default 127.0.0.1:8000)",
+    )
     return p
 
 
@@ -107,8 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             deployment = args.deployment
             if deployment is None:
-                print("error: give --deployment FILE, --demo or --attach URL "
-                      "(obelisk-tui --help)", file=sys.stderr)
+                print(
+                    "error: give --deployment FILE, --demo or --attach URL (obelisk-tui --help)",
+                    file=sys.stderr,
+                )
                 return 2
             data_dir = args.data_dir or Path("data")
         error = _preflight_deployment(deployment)
@@ -215,7 +230,9 @@ async def _serve_web(
     from engine.errors import DeploymentError, StorageError
     from engine.server.run import start_server
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     engine_server = None
     traffic = None
     if api_url is None:
@@ -233,7 +250,9 @@ async def _serve_web(
             from obelisk_tui.backend import EmbeddedBackend
             from obelisk_tui.demo_traffic import DemoTraffic
 
-            traffic = DemoTraffic(EmbeddedBackend(engine_server.engine, label="demo", owns_engine=False))
+            traffic = DemoTraffic(
+                EmbeddedBackend(engine_server.engine, label="demo", owns_engine=False)
+            )
             traffic.start()
     command = shlex.join([sys.executable, "-m", "obelisk_tui", "--attach", api_url])
     server = Server(command, host=host, port=port, title="Obelisk console")

@@ -36,7 +36,9 @@ MIX: list[tuple[int, str, Any]] = [
 
 
 class DemoTraffic:
-    def __init__(self, backend: ConsoleBackend, *, rate: float = 2.0, seed: int | None = None) -> None:
+    def __init__(
+        self, backend: ConsoleBackend, *, rate: float = 2.0, seed: int | None = None
+    ) -> None:
         self.backend = backend
         self.rate = rate
         self.random = random.Random(seed)
@@ -54,9 +56,7 @@ class DemoTraffic:
 
     async def _run(self) -> None:
         known = {
-            f["ffqn"]
-            for c in (await self.backend.deployment())["components"]
-            for f in c["exports"]
+            f["ffqn"] for c in (await self.backend.deployment())["components"] for f in c["exports"]
         }
         mix = [m for m in MIX if m[1] in known]
         weights = [w for w, _, _ in mix]
@@ -82,7 +82,9 @@ class DemoTraffic:
         for info in waiting:
             age = self.random.random()
             if age < 0.35:
-                await self._try(self.backend.stub(info["execution_id"], {"ok": self.random.random() < 0.8}))
+                await self._try(
+                    self.backend.stub(info["execution_id"], {"ok": self.random.random() < 0.8})
+                )
         orders = await self.backend.list_executions(
             ExecutionQuery(ffqn_prefix="myapp:demo/workflow.order-cancellable"), 0, 20
         )

@@ -75,7 +75,7 @@ def overlays(state: dict[str, Any]) -> list[str]:
 
 
 def result_kind(result: dict[str, Any] | None) -> str | None:
-    """"ok", "err", "execution_failure:<kind>" or None when unfinished."""
+    """ "ok", "err", "execution_failure:<kind>" or None when unfinished."""
     if result is None:
         return None
     if "ok" in result:
@@ -174,7 +174,7 @@ def span(seconds: float) -> str:
 
 
 def relative(at: datetime | None, now: datetime) -> str:
-    """"in 2.0s" / "5m ago" / "" for None."""
+    """ "in 2.0s" / "5m ago" / "" for None."""
     if at is None:
         return ""
     delta = (at - now).total_seconds()
@@ -347,6 +347,7 @@ def child_requests(events: list[EventEntry]) -> list[tuple[int, dict[str, Any]]]
 # The list's filter and order
 # ---------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class ExecutionQuery:
     """What the executions list shows: filters and order (the page is separate)."""
@@ -357,9 +358,7 @@ class ExecutionQuery:
     top_level_only: bool = False
     order: ListOrder = "created_desc"
 
-    def to_filter(
-        self, offset: int = 0, limit: int = 100, *, extras: bool = False
-    ) -> ListFilter:
+    def to_filter(self, offset: int = 0, limit: int = 100, *, extras: bool = False) -> ListFilter:
         return ListFilter(
             ffqn_prefix=self.ffqn_prefix,
             id_prefix=self.id_prefix,
@@ -386,7 +385,6 @@ class ExecutionQuery:
     @property
     def is_filtered(self) -> bool:
         return bool(self.ffqn_prefix or self.id_prefix or self.states or self.top_level_only)
-
 
 
 #: Accepted spellings of states in a filter.
@@ -552,7 +550,9 @@ def params_template(params: list[ParamInfo]) -> str:
     return json.dumps([template_value(p["type"]) for p in params], ensure_ascii=False)
 
 
-def check_params(ffqn: str, params: list[ParamInfo], text: str) -> tuple[list[Any] | None, str | None]:
+def check_params(
+    ffqn: str, params: list[ParamInfo], text: str
+) -> tuple[list[Any] | None, str | None]:
     """The params parsed from the form's JSON text, or the error to show beside it."""
     from engine.wit.codec import WitValueError, validate_json
     from engine.wit.types import parse_wit_type

@@ -96,7 +96,9 @@ class Timeline:
                 self.steps = shown  # keep what was shown until the log reads whole
             return self.steps
         new_events = [msgspec.convert(e, ev.StoredEvent) for e in events[self._events :]]
-        new_responses = [msgspec.convert(r, ev.StoredResponse) for r in responses[self._responses :]]
+        new_responses = [
+            msgspec.convert(r, ev.StoredResponse) for r in responses[self._responses :]
+        ]
         self._events, self._responses = len(events), len(responses)
         for at, item, version in interleave_stored(new_events, new_responses):
             try:

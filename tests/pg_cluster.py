@@ -94,11 +94,18 @@ class Cluster:
             f"{self.extra_options}"
         )
         result = self.pg_ctl(
-            "-w", "-t", "60", "-l", str(self.data_dir / "server.log"), "-o", options, "start",
+            "-w",
+            "-t",
+            "60",
+            "-l",
+            str(self.data_dir / "server.log"),
+            "-o",
+            options,
+            "start",
             check=False,
         )
         if result.returncode != 0:
-            log = (self.data_dir / "server.log")
+            log = self.data_dir / "server.log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise ClusterUnavailable(
                 f"pg_ctl start failed ({result.returncode}): {result.stderr.strip()}\n{tail}"
@@ -153,9 +160,18 @@ def create_cluster(
             cluster.addresses = addresses
         result = subprocess.run(
             cluster._cmd(
-                str(bin_dir / "initdb"), "-D", str(data_dir), "-U", SUPERUSER,
-                "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}",
-                "-E", "UTF8", "--locale=C.UTF-8", "--no-sync",
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data_dir),
+                "-U",
+                SUPERUSER,
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                f"--pwfile={pwfile}",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
             ),
             capture_output=True,
             text=True,

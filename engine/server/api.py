@@ -55,7 +55,12 @@ ENGINE_KEY: web.AppKey[Engine] = web.AppKey("engine")
 TOKEN_KEY: web.AppKey[str | None] = web.AppKey("token")
 
 STATE_NAMES: tuple[StateName, ...] = (
-    "pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished",
+    "pending_at",
+    "locked",
+    "blocked_by_join_set",
+    "paused",
+    "cancelling",
+    "finished",
 )
 MAX_LIST_LIMIT = 1000
 MAX_LOG_LIMIT = 10_000
@@ -304,7 +309,11 @@ def event_entries(stored: Sequence[ev.StoredEvent], with_backtrace: bool) -> lis
 
 def response_entries(stored: Sequence[ev.StoredResponse]) -> list[ResponseEntry]:
     return [
-        {"cursor": r.cursor, "created_at": _ts(r.created_at), "response": ev.to_builtins(r.response)}
+        {
+            "cursor": r.cursor,
+            "created_at": _ts(r.created_at),
+            "response": ev.to_builtins(r.response),
+        }
         for r in stored
     ]
 
@@ -444,9 +453,7 @@ async def _submit(request: web.Request) -> web.Response:
     if execution_id is not None and not isinstance(execution_id, str):
         raise ApiProblem(400, "field `execution_id` must be a string")
     eid = await engine.submit(ffqn, params, execution_id=execution_id)
-    return _json(
-        {"execution_id": eid}, 201, {"Location": f"/v1/executions/{eid}"}
-    )
+    return _json({"execution_id": eid}, 201, {"Location": f"/v1/executions/{eid}"})
 
 
 async def _result(request: web.Request) -> web.Response:
@@ -457,9 +464,7 @@ async def _result(request: web.Request) -> web.Response:
         try:
             result = await engine.result(eid, timeout)
         except TimeoutError:
-            raise ApiProblem(
-                425, f"execution {eid} did not finish within {timeout:g} s"
-            ) from None
+            raise ApiProblem(425, f"execution {eid} did not finish within {timeout:g} s") from None
         return _json(ev.result_to_json(result))
     row = await engine.storage.get_row(eid)
     if row.result is None:
@@ -635,7 +640,9 @@ def _array_of(name: str) -> dict[str, Any]:
 
 
 def _ok(description: str, schema: dict[str, Any], status: str = "200") -> dict[str, Any]:
-    return {status: {"description": description, "content": {"application/json": {"schema": schema}}}}
+    return {
+        status: {"description": description, "content": {"application/json": {"schema": schema}}}
+    }
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
@@ -666,8 +673,14 @@ _ID_PARAM = {
 
 
 def _query(name: str, schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "description": description,
-            "schema": schema, **extra}
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+        **extra,
+    }
 
 
 def _action(summary: str, *errors: int) -> dict[str, Any]:
@@ -675,8 +688,10 @@ def _action(summary: str, *errors: int) -> dict[str, Any]:
         "put": {
             "summary": summary,
             "parameters": [_ID_PARAM],
-            "responses": {**_ok("The execution after the change", _ref("Execution")),
-                          **_errors(400, 404, *errors)},
+            "responses": {
+                **_ok("The execution after the change", _ref("Execution")),
+                **_errors(400, 404, *errors),
+            },
         }
     }
 
@@ -703,8 +718,15 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "execution_failure": {
                     "type": "object",
                     "properties": {
-                        "kind": {"enum": ["timed_out", "nondeterminism_detected", "cancelled",
-                                          "out_of_fuel", "uncategorized"]},
+                        "kind": {
+                            "enum": [
+                                "timed_out",
+                                "nondeterminism_detected",
+                                "cancelled",
+                                "out_of_fuel",
+                                "uncategorized",
+                            ]
+                        },
                         "reason": {"type": "string"},
                         "detail": {"type": "string"},
                     },
@@ -725,9 +747,20 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
         },
         "Execution": {
             "type": "object",
-            "required": ["execution_id", "ffqn", "component_type", "state", "created_at",
-                         "updated_at", "next_version", "parent_id", "scheduled_at",
-                         "lock_expires_at", "temporary_event_count", "result"],
+            "required": [
+                "execution_id",
+                "ffqn",
+                "component_type",
+                "state",
+                "created_at",
+                "updated_at",
+                "next_version",
+                "parent_id",
+                "scheduled_at",
+                "lock_expires_at",
+                "temporary_event_count",
+                "result",
+            ],
             "properties": {
                 "execution_id": {"type": "string"},
                 "ffqn": {"type": "string"},
@@ -794,14 +827,15 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
         "Backtrace": {
             "description": "The guest stack of the host call that wrote an event",
             "type": "object",
-            "required": ["execution_id", "version", "backtrace_id", "component_digest",
-                         "frames"],
+            "required": ["execution_id", "version", "backtrace_id", "component_digest", "frames"],
             "properties": {
                 "execution_id": {"type": "string"},
                 "version": {"type": "integer"},
                 "backtrace_id": {"type": "integer"},
-                "component_digest": {"type": "string",
-                                     "description": "source: /v1/components/{digest}/source"},
+                "component_digest": {
+                    "type": "string",
+                    "description": "source: /v1/components/{digest}/source",
+                },
                 "frames": {
                     "type": "array",
                     "description": "innermost first",
@@ -856,8 +890,10 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                                 "type": "array",
                                 "items": {
                                     "type": "object",
-                                    "properties": {"name": {"type": "string"},
-                                                   "type": {"type": "string"}},
+                                    "properties": {
+                                        "name": {"type": "string"},
+                                        "type": {"type": "string"},
+                                    },
                                 },
                             },
                             "return_type": {"type": ["string", "null"]},
@@ -868,19 +904,21 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
         },
     }
     schemas["Count"] = {
-        "type": "object", "required": ["count"], "properties": {"count": {"type": "integer"}},
+        "type": "object",
+        "required": ["count"],
+        "properties": {"count": {"type": "integer"}},
     }
     schemas["Generation"] = {
         "type": "object",
         "required": ["generation"],
-        "properties": {"generation": {"type": "integer",
-                                      "description": "bumped by every commit of the server"}},
+        "properties": {
+            "generation": {"type": "integer", "description": "bumped by every commit of the server"}
+        },
     }
     schemas["Stats"] = {
         "type": "object",
         "required": ["by_state"],
-        "properties": {"by_state": {"type": "object",
-                                    "additionalProperties": {"type": "integer"}}},
+        "properties": {"by_state": {"type": "object", "additionalProperties": {"type": "integer"}}},
     }
     schemas["Deployment"] = {
         "type": "object",
@@ -897,8 +935,17 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "`pinned` old versions that unfinished executions stay on, and "
                 "`orphaned`: functions no deployed component exports, with their count of "
                 "unfinished executions (they wait until a deployment exports them again)",
-                "required": ["generation", "at", "trigger", "ok", "error", "deployment_id",
-                             "changes", "upgrades", "pinned"],
+                "required": [
+                    "generation",
+                    "at",
+                    "trigger",
+                    "ok",
+                    "error",
+                    "deployment_id",
+                    "changes",
+                    "upgrades",
+                    "pinned",
+                ],
                 "properties": {
                     "generation": {"type": "integer"},
                     "at": timestamp,
@@ -928,8 +975,12 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
     }
     filter_params = [
         _query("ffqn", {"type": "string"}, "FFQN prefix"),
-        _query("state", {"type": "array", "items": {"enum": list(STATE_NAMES)}},
-               "state name; repeat for several", explode=True),
+        _query(
+            "state",
+            {"type": "array", "items": {"enum": list(STATE_NAMES)}},
+            "state name; repeat for several",
+            explode=True,
+        ),
         _query("hide_finished", {"type": "boolean"}, "leave out finished ones"),
         _query("top_level_only", {"type": "boolean"}, "leave out child executions"),
         _query("id_prefix", {"type": "string"}, "execution id prefix"),
@@ -940,16 +991,36 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "summary": "List executions, newest first",
                 "parameters": [
                     *filter_params,
-                    _query("limit", {"type": "integer", "minimum": 1,
-                                     "maximum": MAX_LIST_LIMIT, "default": 100}, "page size"),
-                    _query("before", {"type": "string"},
-                           "paging cursor: the last execution_id of the previous page"),
-                    _query("offset", {"type": "integer", "minimum": 0, "default": 0},
-                           "paging by position: skip this many rows"),
-                    _query("order", {"enum": list(LIST_ORDERS), "default": "created_desc"},
-                           "newest first, oldest first, or last change first"),
-                    _query("extras", {"type": "boolean"},
-                           "add `children` (direct children) and `last_event` (its type)"),
+                    _query(
+                        "limit",
+                        {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_LIST_LIMIT,
+                            "default": 100,
+                        },
+                        "page size",
+                    ),
+                    _query(
+                        "before",
+                        {"type": "string"},
+                        "paging cursor: the last execution_id of the previous page",
+                    ),
+                    _query(
+                        "offset",
+                        {"type": "integer", "minimum": 0, "default": 0},
+                        "paging by position: skip this many rows",
+                    ),
+                    _query(
+                        "order",
+                        {"enum": list(LIST_ORDERS), "default": "created_desc"},
+                        "newest first, oldest first, or last change first",
+                    ),
+                    _query(
+                        "extras",
+                        {"type": "boolean"},
+                        "add `children` (direct children) and `last_event` (its type)",
+                    ),
                 ],
                 "responses": {**_ok("Executions", _array_of("Execution")), **_errors(400)},
             },
@@ -978,8 +1049,11 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "parameters": [
                     _ID_PARAM,
                     _query("follow", {"type": "boolean"}, "wait until it finishes"),
-                    _query("timeout", {"type": "number", "minimum": 0},
-                           "with follow: give up (425) after this many seconds"),
+                    _query(
+                        "timeout",
+                        {"type": "number", "minimum": 0},
+                        "with follow: give up (425) after this many seconds",
+                    ),
                 ],
                 "responses": {**_ok("The result", _ref("Result")), **_errors(400, 404, 425)},
             }
@@ -996,8 +1070,9 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "summary": "A page of the execution log",
                 "parameters": [
                     _ID_PARAM,
-                    _query("version", {"type": "integer", "minimum": 0, "default": 0},
-                           "first version"),
+                    _query(
+                        "version", {"type": "integer", "minimum": 0, "default": 0}, "first version"
+                    ),
                     _query("length", {"type": "integer", "minimum": 1}, "how many (all if absent)"),
                     _query("include_backtrace_id", {"type": "boolean"}, "add backtrace_id"),
                 ],
@@ -1009,8 +1084,11 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "summary": "Responses received by an execution (children, delays)",
                 "parameters": [
                     _ID_PARAM,
-                    _query("after", {"type": "integer", "minimum": 0, "default": 0},
-                           "only responses with a cursor greater than this"),
+                    _query(
+                        "after",
+                        {"type": "integer", "minimum": 0, "default": 0},
+                        "only responses with a cursor greater than this",
+                    ),
                 ],
                 "responses": {**_ok("Responses", _array_of("Response")), **_errors(400, 404)},
             }
@@ -1020,10 +1098,21 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "summary": "Log lines (stdout, stderr, obelisk:log) of an execution",
                 "parameters": [
                     _ID_PARAM,
-                    _query("after", {"type": "integer", "minimum": 0, "default": 0},
-                           "only lines with an id greater than this"),
-                    _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LIMIT,
-                                     "default": 1000}, "page size"),
+                    _query(
+                        "after",
+                        {"type": "integer", "minimum": 0, "default": 0},
+                        "only lines with an id greater than this",
+                    ),
+                    _query(
+                        "limit",
+                        {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_LOG_LIMIT,
+                            "default": 1000,
+                        },
+                        "page size",
+                    ),
                 ],
                 "responses": {**_ok("Log lines", _array_of("LogLine")), **_errors(400, 404)},
             }
@@ -1033,9 +1122,13 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "summary": "The backtrace (guest stack) of the host call that wrote an event",
                 "parameters": [
                     _ID_PARAM,
-                    {"name": "version", "in": "query", "required": True,
-                     "description": "the event's version", "schema": {"type": "integer",
-                                                                      "minimum": 0}},
+                    {
+                        "name": "version",
+                        "in": "query",
+                        "required": True,
+                        "description": "the event's version",
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
                 ],
                 "responses": {**_ok("The backtrace", _ref("Backtrace")), **_errors(400, 404)},
             }
@@ -1045,8 +1138,10 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "summary": "Replay a JS workflow execution against its deployed code, "
                 "writing no history, and store the backtraces of its events",
                 "parameters": [_ID_PARAM],
-                "responses": {**_ok("What was stored", _ref("PersistedBacktraces")),
-                              **_errors(400, 404, 409)},
+                "responses": {
+                    **_ok("What was stored", _ref("PersistedBacktraces")),
+                    **_errors(400, 404, 409),
+                },
             }
         },
         "/v1/executions/{execution_id}/pause": _action("Pause an execution", 409),
@@ -1066,8 +1161,10 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                         "schema": {"type": "string"},
                     }
                 ],
-                "responses": {**_ok("The workflow that owns the delay", _ref("Execution")),
-                              **_errors(400, 404, 409)},
+                "responses": {
+                    **_ok("The workflow that owns the delay", _ref("Execution")),
+                    **_errors(400, 404, 409),
+                },
             }
         },
         "/v1/executions/{execution_id}/stub": {
@@ -1078,8 +1175,10 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                     "required": True,
                     "content": {"application/json": {"schema": _ref("StubResult")}},
                 },
-                "responses": {**_ok("The execution after the change", _ref("Execution")),
-                              **_errors(400, 404, 409)},
+                "responses": {
+                    **_ok("The execution after the change", _ref("Execution")),
+                    **_errors(400, 404, 409),
+                },
             }
         },
         "/v1/components": {
@@ -1092,11 +1191,17 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
             "get": {
                 "summary": "The deployment in force and the outcome of its last hot reload",
                 "parameters": [
-                    _query("after", {"type": "integer", "minimum": -1},
-                           "long poll: answer once a reload with a greater `generation` "
-                           "happened (or at the timeout)"),
-                    _query("timeout", {"type": "number", "minimum": 0, "default": 25},
-                           "with after: seconds to wait at most (60 at the most)"),
+                    _query(
+                        "after",
+                        {"type": "integer", "minimum": -1},
+                        "long poll: answer once a reload with a greater `generation` "
+                        "happened (or at the timeout)",
+                    ),
+                    _query(
+                        "timeout",
+                        {"type": "number", "minimum": 0, "default": 25},
+                        "with after: seconds to wait at most (60 at the most)",
+                    ),
                 ],
                 "responses": {**_ok("Deployment", _ref("Deployment")), **_errors(400)},
             }
@@ -1111,21 +1216,31 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
             "get": {
                 "summary": "Long poll: answers once anything was written after `since`",
                 "parameters": [
-                    _query("since", {"type": "integer", "minimum": -1, "default": -1},
-                           "the generation the client has seen (-1: answer at once)"),
-                    _query("timeout", {"type": "number", "minimum": 0, "default": 25},
-                           "seconds to wait at most (60 at the most)"),
+                    _query(
+                        "since",
+                        {"type": "integer", "minimum": -1, "default": -1},
+                        "the generation the client has seen (-1: answer at once)",
+                    ),
+                    _query(
+                        "timeout",
+                        {"type": "number", "minimum": 0, "default": 25},
+                        "seconds to wait at most (60 at the most)",
+                    ),
                 ],
-                "responses": {**_ok("The current generation", _ref("Generation")),
-                              **_errors(400)},
+                "responses": {**_ok("The current generation", _ref("Generation")), **_errors(400)},
             }
         },
         "/v1/components/{digest}/source": {
             "get": {
                 "summary": "The source text of a (JS) component version, by digest",
                 "parameters": [
-                    {"name": "digest", "in": "path", "required": True,
-                     "description": "sha256:…", "schema": {"type": "string"}},
+                    {
+                        "name": "digest",
+                        "in": "path",
+                        "required": True,
+                        "description": "sha256:…",
+                        "schema": {"type": "string"},
+                    },
                 ],
                 "responses": {**_ok("The source", _ref("ComponentSource")), **_errors(404)},
             }

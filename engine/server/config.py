@@ -43,8 +43,13 @@ class DatabaseChoice:
 
 
 _POSTGRES_KEYS = {
-    "host": str, "port": int, "user": str, "password": str, "password_env": str,
-    "dbname": str, "schema": str,
+    "host": str,
+    "port": int,
+    "user": str,
+    "password": str,
+    "password_env": str,
+    "dbname": str,
+    "schema": str,
 }
 
 

@@ -157,8 +157,11 @@ async def _serve(
     database: DatabaseChoice,
     cpu_affinity: affinity.Mode,
 ) -> int:
-    print(f"Starting the engine: {deployment} (the first start compiles components)…",
-          file=out, flush=True)
+    print(
+        f"Starting the engine: {deployment} (the first start compiles components)…",
+        file=out,
+        flush=True,
+    )
     try:
         server = await start_server(
             deployment, data_dir, host, port, token, database.url, cpu_affinity
@@ -167,9 +170,7 @@ async def _serve(
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        reason = "address already in use" if e.errno == errno.EADDRINUSE else (
-            e.strerror or str(e)
-        )
+        reason = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
         print(f"error: cannot listen on {_url(host, port)}: {reason}", file=sys.stderr)
         return 1
     stop = asyncio.Event()
@@ -228,8 +229,10 @@ def run_server(
         token = None
         print("API authentication is OFF (--allow-unauthenticated-api)", file=out)
         if not is_loopback(host):
-            print(f"warning: the API on {host} is reachable from other machines without a "
-                  "token", file=sys.stderr)
+            print(
+                f"warning: the API on {host} is reachable from other machines without a token",
+                file=sys.stderr,
+            )
     elif env.get(TOKEN_ENV):
         token = env[TOKEN_ENV]
         print(f"API token: taken from {TOKEN_ENV}", file=out)

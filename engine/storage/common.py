@@ -107,14 +107,13 @@ class Notes:
         known = self.pending_later.get(ffqn)
         if known is None or delay < known:
             self.pending_later[ffqn] = delay
+
     cancelled: set[str] = field(default_factory=set)
     #: Cancelling executions that changed (for the cancellation driver).
     cancelling: set[str] = field(default_factory=set)
 
 
-def direct_locked(
-    req: CreateRequest, lock: DirectLock, s: ExecutionSummary
-) -> LockedExecution:
+def direct_locked(req: CreateRequest, lock: DirectLock, s: ExecutionSummary) -> LockedExecution:
     """What the executor of a direct lock gets: `s` is the summary after `locked`."""
     created = req.created
     return LockedExecution(

@@ -231,7 +231,9 @@ def parse_dsn(url: str) -> PostgresTarget:
         else:
             kept.append((key, value))
     if not schema or len(schema) > 50 or not schema.replace("_", "a").isalnum():
-        raise StorageError(f"invalid schema name {schema!r} in the database URL (letters, digits, _)")
+        raise StorageError(
+            f"invalid schema name {schema!r} in the database URL (letters, digits, _)"
+        )
     dsn = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept)))
     host = parts.hostname or "localhost"
     user = f"{urllib.parse.unquote(parts.username)}@" if parts.username else ""
@@ -279,7 +281,9 @@ def _start_error(target: PostgresTarget, e: BaseException) -> StorageError:
     if isinstance(e, TimeoutError):
         return StorageError(f"cannot connect to {where}: timed out")
     if isinstance(e, ConnectionRefusedError):
-        return StorageError(f"cannot connect to {where}: connection refused (is the server running?)")
+        return StorageError(
+            f"cannot connect to {where}: connection refused (is the server running?)"
+        )
     if isinstance(e, OSError):
         reason = e.strerror or str(e) or type(e).__name__
         return StorageError(f"cannot connect to {where}: {reason} (is the server running?)")
@@ -455,7 +459,11 @@ class PostgresStorage:
         self.clock_skew = 0.0
         #: Counters for benchmarks and tests.
         self.stats = {
-            "logical": 0, "commits": 0, "events": 0, "reconnects": 0, "notifications": 0,
+            "logical": 0,
+            "commits": 0,
+            "events": 0,
+            "reconnects": 0,
+            "notifications": 0,
         }
 
     # -- opening ---------------------------------------------------------------------------
@@ -681,7 +689,8 @@ class PostgresStorage:
             conn: asyncpg.Connection | None = None
             try:
                 conn = await asyncpg.connect(
-                    self.target.dsn, timeout=10.0,
+                    self.target.dsn,
+                    timeout=10.0,
                     server_settings=_server_settings(self.target.schema),
                 )
                 lost = asyncio.Event()
@@ -704,7 +713,9 @@ class PostgresStorage:
             except Exception as e:
                 if self._closed:
                     break
-                log.warning("database listener: %s; reconnecting", first_line(e) or type(e).__name__)
+                log.warning(
+                    "database listener: %s; reconnecting", first_line(e) or type(e).__name__
+                )
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -1563,7 +1574,13 @@ async def _write_summary(
     statement, one round trip."""
     state, pending_at, lock_expires_at = projection(s)
     args: list[Any] = [
-        execution_id, state, pending_at, lock_expires_at, s.next_version, us(at), ev.encode(s),
+        execution_id,
+        state,
+        pending_at,
+        lock_expires_at,
+        s.next_version,
+        us(at),
+        ev.encode(s),
     ]
     if not events:
         await c.write(_UPDATE_SUMMARY, *args)
@@ -1613,9 +1630,17 @@ async def _create_many(
         for col, value in zip(
             cols,
             (
-                req.execution_id, created.ffqn, created.component_id.type,
-                created.parent[0] if created.parent else None, state, pending_at,
-                lock_expires_at, ev.encode(s), ev.encode(created), s.next_version, lock_blob,
+                req.execution_id,
+                created.ffqn,
+                created.component_id.type,
+                created.parent[0] if created.parent else None,
+                state,
+                pending_at,
+                lock_expires_at,
+                ev.encode(s),
+                ev.encode(created),
+                s.next_version,
+                lock_blob,
             ),
             strict=True,
         ):
@@ -1820,9 +1845,7 @@ async def _append(
     backtrace_of = await _backtrace_ids(c, backtraces)
     t = us(now)
     first = expected_version
-    rows = [
-        (first + i, t, ev.encode(event), backtrace_of.get(i)) for i, event in enumerate(events)
-    ]
+    rows = [(first + i, t, ev.encode(event), backtrace_of.get(i)) for i, event in enumerate(events)]
     await _write_summary(c, execution_id, s, now, rows)
     if to_create:
         await _create_many(c, notes, to_create, now)
@@ -1902,8 +1925,17 @@ async def _add_response(
         else ""
     )
     args: list[Any] = [
-        execution_id, s.responses, us(at), source, ev.encode(response),
-        state, pending_at, lock_expires_at, s.next_version, us(at), ev.encode(s),
+        execution_id,
+        s.responses,
+        us(at),
+        source,
+        ev.encode(response),
+        state,
+        pending_at,
+        lock_expires_at,
+        s.next_version,
+        us(at),
+        ev.encode(s),
     ]
     if delete_delay:
         args.append(response.delay_id)  # type: ignore[union-attr]
@@ -2004,9 +2036,7 @@ async def _replace_backtraces(
 
 async def _cancel_delay(c: _Conn, notes: Notes, delay_id: str, now: datetime) -> ExecutionSummary:
     """`delay_finished(cancelled)` to the owner of a live delay (SPEC §8)."""
-    row = await c.row(
-        "SELECT execution_id, join_set_id FROM delays WHERE delay_id = $1", delay_id
-    )
+    row = await c.row("SELECT execution_id, join_set_id FROM delays WHERE delay_id = $1", delay_id)
     if row is None:
         try:
             owner = str(DelayId.parse(delay_id).owner()[0])
@@ -2079,7 +2109,12 @@ _ROW_COLUMNS = "execution_id, ffqn, component_type, parent_id, created_at, updat
 def _row(row: Any) -> ExecutionRow:
     execution_id, ffqn, component_type, parent_id, created_at, updated_at, blob = row
     return execution_row(
-        execution_id, ffqn, component_type, parent_id, created_at, updated_at,
+        execution_id,
+        ffqn,
+        component_type,
+        parent_id,
+        created_at,
+        updated_at,
         summary_decoder.decode(blob),
     )
 

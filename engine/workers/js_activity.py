@@ -158,6 +158,8 @@ def out_of_memory_reason(memory_limit: int) -> str:
     """The failure reason of a run that exhausted its sandbox's memory (also when it
     happened while serializing the return value)."""
     return f"out of memory (the JS sandbox's limit is {memory_limit // 2**20} MiB)"
+
+
 _POLL_INTERVAL = 0.02
 _MAX_REDIRECTS = 20
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})

@@ -40,11 +40,30 @@ _SIGNATURES: dict[str, tuple[tuple[int, ...], int, Any, Any]] = {}
 #: code for as long as it likes and releases the GIL as usual.
 _QUICK_EXPORTS = frozenset(
     {
-        "qjs_alloc", "qjs_free", "qjs_last_len", "qjs_last_ptr", "qjs_result_free",
-        "get_string", "get_number", "get_bool", "get_bigint", "new_string", "new_number",
-        "new_bool", "new_null", "new_undefined", "new_object", "new_array", "free_value",
-        "dup_handle", "type_of", "is_promise", "promise_state", "global_object",
-        "set_max_stack_size", "set_memory_limit",
+        "qjs_alloc",
+        "qjs_free",
+        "qjs_last_len",
+        "qjs_last_ptr",
+        "qjs_result_free",
+        "get_string",
+        "get_number",
+        "get_bool",
+        "get_bigint",
+        "new_string",
+        "new_number",
+        "new_bool",
+        "new_null",
+        "new_undefined",
+        "new_object",
+        "new_array",
+        "free_value",
+        "dup_handle",
+        "type_of",
+        "is_promise",
+        "promise_state",
+        "global_object",
+        "set_max_stack_size",
+        "set_memory_limit",
     }
 )
 

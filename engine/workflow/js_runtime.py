@@ -890,6 +890,7 @@ USE_SNAPSHOT = True
 #: (only with `USE_SNAPSHOT`; tests compare both).
 USE_MODULE_IMAGE = True
 
+
 def _prepare_prelude(_memory_limit: int, ctx: Any) -> None:
     ctx.register("__obelisk_host", lambda _request: _ABORT_REPLY, is_async=False)
     ctx.eval(_PRELUDE_SOURCE, filename="<obelisk:prelude>")

@@ -31,8 +31,13 @@ def explain(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> None:
         app.notify("stub one execution at a time (clear the marks)", severity="warning")
         return
     reasons = [r for r in (model.refusal(action, t) for t in targets) if r]
-    app.notify(reasons[0] if len(reasons) == 1 else f"cannot {action}: {reasons[0]} (+{len(reasons) - 1} more)",
-               title=f"cannot {action}", severity="warning")
+    app.notify(
+        reasons[0]
+        if len(reasons) == 1
+        else f"cannot {action}: {reasons[0]} (+{len(reasons) - 1} more)",
+        title=f"cannot {action}",
+        severity="warning",
+    )
 
 
 async def stub(app: ObeliskApp, info: ExecutionInfo) -> None:
@@ -61,11 +66,17 @@ async def perform(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) ->
             failed.append(f"{eid}: {e.message}")
     parts = []
     if done:
-        parts.append(f"{VERBS[action]} {done[0]}" if len(done) == 1 else f"{VERBS[action]} {len(done)} executions")
+        parts.append(
+            f"{VERBS[action]} {done[0]}"
+            if len(done) == 1
+            else f"{VERBS[action]} {len(done)} executions"
+        )
     if skipped:
         parts.append(f"{skipped} skipped (not applicable)")
     if failed:
-        app.notify("\n".join([*parts, *failed[:5]]), title=f"{action} failed", severity="error", timeout=8)
+        app.notify(
+            "\n".join([*parts, *failed[:5]]), title=f"{action} failed", severity="error", timeout=8
+        )
     elif parts:
         app.notify("; ".join(parts), title=action)
     app.request_refresh()

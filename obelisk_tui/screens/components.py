@@ -34,7 +34,9 @@ def reload_summary(reload: dict[str, Any]) -> str:
     failed = sum(1 for u in upgrades if u.get("outcome") == "failed")
     text = f"reloaded {at} ({trigger}): {len(changes)} component change(s)"
     if upgrades:
-        text += f", {len(upgrades)} workflow upgrade(s)" + (f", {failed} failed (kept on the old version)" if failed else "")
+        text += f", {len(upgrades)} workflow upgrade(s)" + (
+            f", {failed} failed (kept on the old version)" if failed else ""
+        )
     waiting = sum(int(o.get("executions") or 0) for o in reload.get("orphaned") or [])
     if waiting:
         text += f"; {waiting} execution(s) of removed functions wait"
@@ -51,19 +53,34 @@ def render_reload(reload: dict[str, Any]) -> RenderableType:
     if reload.get("changes"):
         table = Table("change", "component", "digest", box=None, padding=(0, 1))
         for c in reload["changes"]:
-            table.add_row(str(c.get("change", "")), str(c.get("name", "")), str(c.get("new_digest") or c.get("old_digest") or "")[:23])
+            table.add_row(
+                str(c.get("change", "")),
+                str(c.get("name", "")),
+                str(c.get("new_digest") or c.get("old_digest") or "")[:23],
+            )
         parts.append(table)
     if reload.get("upgrades"):
         table = Table("execution", "outcome", "reason", box=None, padding=(0, 1))
         for u in reload["upgrades"]:
             colour = "#5fb86a" if u.get("outcome") == "success" else "#e0606a"
-            table.add_row(str(u.get("execution_id")), Text(str(u.get("outcome")), colour), str(u.get("reason") or ""))
+            table.add_row(
+                str(u.get("execution_id")),
+                Text(str(u.get("outcome")), colour),
+                str(u.get("reason") or ""),
+            )
         parts.append(Text("workflow upgrades", style="bold"))
         parts.append(table)
     if reload.get("pinned"):
-        parts.append(Text(f"{len(reload['pinned'])} old version(s) kept for executions pinned to them", style="dim"))
+        parts.append(
+            Text(
+                f"{len(reload['pinned'])} old version(s) kept for executions pinned to them",
+                style="dim",
+            )
+        )
     if reload.get("orphaned"):
-        parts.append(Text("waiting: no deployed component exports their function", style="bold #e0b050"))
+        parts.append(
+            Text("waiting: no deployed component exports their function", style="bold #e0b050")
+        )
         table = Table("function", "unfinished executions", box=None, padding=(0, 1))
         for o in reload["orphaned"]:
             table.add_row(str(o.get("ffqn")), str(o.get("executions")))
@@ -140,8 +157,12 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
         table.clear()
         for c in deployment["components"]:
             table.add_row(
-                c["name"], c["type"], str(len(c["exports"])), c["digest"][:19] + "…",
-                c["location"] or "", key=c["name"],
+                c["name"],
+                c["type"],
+                str(len(c["exports"])),
+                c["digest"][:19] + "…",
+                c["location"] or "",
+                key=c["name"],
             )
         if deployment["components"]:
             table.move_cursor(row=min(row, len(deployment["components"]) - 1))
@@ -154,7 +175,9 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
     def _detail(self, index: int) -> None:
         if self.deployment is None or not 0 <= index < len(self.deployment["components"]):
             return
-        self.query_one("#component-detail", Static).update(render_component(self.deployment["components"][index]))
+        self.query_one("#component-detail", Static).update(
+            render_component(self.deployment["components"][index])
+        )
 
     def action_back(self) -> None:
         self.app.pop_screen()

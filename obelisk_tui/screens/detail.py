@@ -46,7 +46,10 @@ def render_result(info: ExecutionInfo) -> RenderableType:
         return Group(Text(kind, style="bold " + colour), JSON.from_data(result[kind], indent=2))
     failure = result.get("execution_failure") or {}
     parts: list[RenderableType] = [
-        Text(f"execution failure: {failure.get('kind')}", style="bold " + model.STATE_COLOURS["failed"]),
+        Text(
+            f"execution failure: {failure.get('kind')}",
+            style="bold " + model.STATE_COLOURS["failed"],
+        ),
     ]
     if failure.get("reason"):
         parts.append(Text(f"reason: {failure['reason']}"))
@@ -304,4 +307,3 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         ):
             return
         await actions.perform(self.obelisk, action, [self.info])
-

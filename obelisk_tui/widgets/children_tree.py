@@ -23,13 +23,17 @@ def child_label(info: ExecutionInfo) -> Text:
     return text
 
 
-def delays_of(events: list[EventEntry], responses: list[ResponseEntry]) -> list[tuple[str, str, str]]:
+def delays_of(
+    events: list[EventEntry], responses: list[ResponseEntry]
+) -> list[tuple[str, str, str]]:
     """(delay id, expires at, outcome) of every delay the log requested."""
     outcomes: dict[str, str] = {}
     for r in responses:
         resp = r["response"]
         if resp.get("type") == "delay_finished":
-            outcomes[str(resp.get("delay_id"))] = "cancelled" if resp.get("outcome") == "cancelled" else "expired"
+            outcomes[str(resp.get("delay_id"))] = (
+                "cancelled" if resp.get("outcome") == "cancelled" else "expired"
+            )
     out = []
     for _, req in model.child_requests(events):
         if req.get("type") == "delay_request":
@@ -88,7 +92,9 @@ class ChildrenTree(Tree[str]):
 
         add(self.root, root_id)
         for delay, expires, outcome in delays:
-            colour = {"waiting": model.STATE_COLOURS["pending_at"], "cancelled": "#e0606a"}.get(outcome, "dim")
+            colour = {"waiting": model.STATE_COLOURS["pending_at"], "cancelled": "#e0606a"}.get(
+                outcome, "dim"
+            )
             label = Text(no_wrap=True)
             label.append(f"{'delay ' + outcome:<16} ", colour)
             label.append(delay, "bold")

@@ -200,7 +200,9 @@ class ExecutionList(RowList):
         info = self.row(index)
         if info is None:
             return None
-        return render_execution(info, layout(width), self.now(), info["execution_id"] in self.marked)
+        return render_execution(
+            info, layout(width), self.now(), info["execution_id"] in self.marked
+        )
 
 
 def render_execution(

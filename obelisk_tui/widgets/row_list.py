@@ -189,4 +189,3 @@ class RowList(ScrollView, can_focus=True):
             if index == self.cursor and getattr(event, "chain", 1) >= 2:
                 self.action_activate()
             self.cursor = index
-

@@ -49,7 +49,10 @@ def excerpt(
         parts.append(Text("(the source of this component version is not available)", "dim"))
     for frame in frames[1:]:
         parts.append(
-            Text(f"  at {frame['function'] or '<anonymous>'} ({frame['file']}:{frame['line']}:{frame['column']})", "dim")
+            Text(
+                f"  at {frame['function'] or '<anonymous>'} ({frame['file']}:{frame['line']}:{frame['column']})",
+                "dim",
+            )
         )
     return Group(*parts)
 
@@ -59,8 +62,15 @@ class SourceView(Static):
     SourceView { height: auto; max-height: 16; border-top: solid $panel-lighten-2; padding: 0 1; }
     """
 
-    def show_backtrace(self, backtrace: BacktraceInfo | None, source: ComponentSourceInfo | None) -> None:
+    def show_backtrace(
+        self, backtrace: BacktraceInfo | None, source: ComponentSourceInfo | None
+    ) -> None:
         if backtrace is None:
-            self.update(Text("No backtrace for this event (only workflow calls that write history have one).", "dim"))
+            self.update(
+                Text(
+                    "No backtrace for this event (only workflow calls that write history have one).",
+                    "dim",
+                )
+            )
             return
         self.update(excerpt(backtrace, source))

@@ -56,7 +56,9 @@ class StateCounts(Horizontal):
                     counts_text(self._shown[0], frozen=self._shown[1], compact=self._compact)
                 )
 
-    def show(self, counts: dict[str, int], *, frozen: bool = False, at: float | None = None) -> None:
+    def show(
+        self, counts: dict[str, int], *, frozen: bool = False, at: float | None = None
+    ) -> None:
         """New counts. The finished count's growth since the last call is the rate shown,
         and goes to the current second's bar of the sparkline (one bar per second,
         however often this is called; seconds without a call are empty bars)."""

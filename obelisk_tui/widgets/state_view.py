@@ -73,7 +73,12 @@ def render_state(
         edge = None
         head.append(" now ", "bold black on #5fb86a")
     else:
-        under, overlays, kind, edge = step.underlying, list(step.overlays), step.result_kind, step.edge
+        under, overlays, kind, edge = (
+            step.underlying,
+            list(step.overlays),
+            step.result_kind,
+            step.edge,
+        )
         total = max(0, info["next_version"] - 1)
         if live:
             head.append(" live ", "bold black on #5fb86a")

@@ -178,5 +178,7 @@ def screen_text(app: ObeliskApp) -> str:
     update = app.screen._compositor.render_full_update()
     lines = []
     for strips in update.strips:
-        lines.append("".join(strip.text for strip in ([strips] if hasattr(strips, "text") else strips)))  # type: ignore[attr-defined]
+        lines.append(
+            "".join(strip.text for strip in ([strips] if hasattr(strips, "text") else strips))
+        )  # type: ignore[attr-defined]
     return "\n".join(lines)

@@ -122,7 +122,9 @@ class DrainedProcess:
     """A subprocess whose stdout+stderr go to a file (drained by a thread, so the pipe
     never fills), with a way to wait for a line."""
 
-    def __init__(self, args: list[str], log_path: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], log_path: Path, *, env: dict[str, str] | None = None
+    ) -> None:
         self.args = args
         self.log_path = log_path
         self._log: IO[str] = log_path.open("a", encoding="utf-8", buffering=1)
@@ -210,11 +212,17 @@ COUNTS_RE = re.compile(
     r"\s+cancelling (?P<cancelling>[\d,]+)\s+finished (?P<finished>[\d,]+)"
 )
 #: The title above the list: "146 executions · newest first · filter: state:finished".
-LIST_TITLE_RE = re.compile(r"^\s*(?:(?P<total>[\d,]+) )?executions · (?P<order>[^·\n]+?)(?: · (?P<rest>.*?))?\s*$", re.M)
+LIST_TITLE_RE = re.compile(
+    r"^\s*(?:(?P<total>[\d,]+) )?executions · (?P<order>[^·\n]+?)(?: · (?P<rest>.*?))?\s*$", re.M
+)
 #: One row of the event log: version, time, backtrace marker, event name, summary.
-EVENT_ROW_RE = re.compile(r"^\s*(?P<version>\d+)\s+\d\d:\d\d:\d\d\.\d{3}\s+(?P<bt>◆?)\s*(?P<event>[a-z_]+)\b(?P<summary>.*)$")
+EVENT_ROW_RE = re.compile(
+    r"^\s*(?P<version>\d+)\s+\d\d:\d\d:\d\d\.\d{3}\s+(?P<bt>◆?)\s*(?P<event>[a-z_]+)\b(?P<summary>.*)$"
+)
 #: "live   at version 3 of 7" / "time travel   at version 1 of 7" on the State tab.
-VERSION_RE = re.compile(r"(?P<mode>live|time travel)\s+at version (?P<version>\d+) of (?P<last>\d+)")
+VERSION_RE = re.compile(
+    r"(?P<mode>live|time travel)\s+at version (?P<version>\d+) of (?P<last>\d+)"
+)
 
 STATES = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished")
 
@@ -264,20 +272,25 @@ def parse_rows(screen: str) -> list[Row]:
             break
     else:
         return []
-    cols = {name: header.index(name) for name in ("EXECUTION", "FFQN", "STATE", "WHEN", "EV", "CH")
-            if name in header}
+    cols = {
+        name: header.index(name)
+        for name in ("EXECUTION", "FFQN", "STATE", "WHEN", "EV", "CH")
+        if name in header
+    }
     rows: list[Row] = []
     for line in body:
         shown_id = line[cols["EXECUTION"] : cols["FFQN"]].strip()
         if not shown_id.startswith("E_"):
             continue
         ev_text = line[cols["EV"] : cols["CH"]].strip() if "EV" in cols and "CH" in cols else ""
-        rows.append(Row(
-            shown_id=shown_id,
-            ffqn=line[cols["FFQN"] : cols["STATE"]].strip(),
-            state=line[cols["STATE"] : cols.get("WHEN", cols["STATE"] + 20)].strip(),
-            events=int(ev_text) if ev_text.isdigit() else None,
-        ))
+        rows.append(
+            Row(
+                shown_id=shown_id,
+                ffqn=line[cols["FFQN"] : cols["STATE"]].strip(),
+                state=line[cols["STATE"] : cols.get("WHEN", cols["STATE"] + 20)].strip(),
+                events=int(ev_text) if ev_text.isdigit() else None,
+            )
+        )
     return rows
 
 
@@ -295,5 +308,12 @@ def parse_events(screen: str) -> list[EventRow]:
     for line in screen.splitlines():
         match = EVENT_ROW_RE.match(line)
         if match:
-            out.append(EventRow(int(match["version"]), match["event"], bool(match["bt"]), match["summary"].strip()))
+            out.append(
+                EventRow(
+                    int(match["version"]),
+                    match["event"],
+                    bool(match["bt"]),
+                    match["summary"].strip(),
+                )
+            )
     return out

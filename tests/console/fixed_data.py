@@ -45,18 +45,42 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def _created(ffqn: str, params: list[object], component: ev.ComponentId, t: float,
-             parent: tuple[str, str] | None = None) -> ev.Created:
-    return ev.Created(ffqn=ffqn, params=params, scheduled_at=at(t), component_id=component,
-                      deployment_id=DEPLOYMENT_ID, parent=parent)
+def _created(
+    ffqn: str,
+    params: list[object],
+    component: ev.ComponentId,
+    t: float,
+    parent: tuple[str, str] | None = None,
+) -> ev.Created:
+    return ev.Created(
+        ffqn=ffqn,
+        params=params,
+        scheduled_at=at(t),
+        component_id=component,
+        deployment_id=DEPLOYMENT_ID,
+        parent=parent,
+    )
 
 
-async def _lock(s: SqliteStorage, eid: str, ffqn: str, component: ev.ComponentId, t: float,
-                n: int, retry: ev.RetryConfig = RETRY, expiry: float = 30) -> int:
+async def _lock(
+    s: SqliteStorage,
+    eid: str,
+    ffqn: str,
+    component: ev.ComponentId,
+    t: float,
+    n: int,
+    retry: ev.RetryConfig = RETRY,
+    expiry: float = 30,
+) -> int:
     locked = await s.lock_pending(
-        ffqns=[ffqn], batch_size=1, now=at(t), component_id=component,
-        executor_id=f"Exr_01KP00000000000000000000{n:02d}", run_id=f"Run_01KP00000000000000000000{n:02d}",
-        lock_expires_at=at(t + expiry), retry_config=retry,
+        ffqns=[ffqn],
+        batch_size=1,
+        now=at(t),
+        component_id=component,
+        executor_id=f"Exr_01KP00000000000000000000{n:02d}",
+        run_id=f"Run_01KP00000000000000000000{n:02d}",
+        lock_expires_at=at(t + expiry),
+        retry_config=retry,
     )
     assert [x.execution_id for x in locked] == [eid], locked
     return locked[0].next_version
@@ -73,10 +97,17 @@ async def build(directory: Path) -> tuple[Path, Path]:
         eid = IDS["ok"]
         await s.create(CreateRequest(eid, _created(STEP, [4], STEP_C, 0)), at(0))
         v = await _lock(s, eid, STEP, STEP_C, 0.5, 1)
-        await s.append(eid, v, [ev.Finished(ev.ResultOk(40))], at(0.6),
-                       AppendExtras(logs=[LogLine("info", "step 4 done")]))
+        await s.append(
+            eid,
+            v,
+            [ev.Finished(ev.ResultOk(40))],
+            at(0.6),
+            AppendExtras(logs=[LogLine("info", "step 4 done")]),
+        )
         # a stub waiting for its answer
-        await s.create(CreateRequest(IDS["pending"], _created(APPROVE, ["order-7"], STUB_C, 5)), at(5))
+        await s.create(
+            CreateRequest(IDS["pending"], _created(APPROVE, ["order-7"], STUB_C, 5)), at(5)
+        )
         # a long activity, running
         eid = IDS["locked"]
         await s.create(CreateRequest(eid, _created(SPIN, [600000], SPIN_C, 10)), at(10))
@@ -90,7 +121,9 @@ async def build(directory: Path) -> tuple[Path, Path]:
         history: list[ev.Event] = [ev.HistoryEvent(ev.JoinSetCreate(js))]
         creates = []
         for i, kid in enumerate(kids):
-            history.append(ev.HistoryEvent(ev.JoinSetRequest(js, ev.ChildExecutionRequest(kid, STEP, [i]))))
+            history.append(
+                ev.HistoryEvent(ev.JoinSetRequest(js, ev.ChildExecutionRequest(kid, STEP, [i])))
+            )
             # the second is due later: "pending, in 40s" (and out of the other locks' way)
             due = 20.2 if i == 0 else 100
             creates.append(CreateRequest(kid, _created(STEP, [i], STEP_C, due, parent=(eid, js))))
@@ -99,13 +132,17 @@ async def build(directory: Path) -> tuple[Path, Path]:
         kv = await _lock(s, kids[0], STEP, STEP_C, 21, 4)
         await s.append(kids[0], kv, [ev.Finished(ev.ResultOk(0))], at(21.1))
         # a paused stub
-        await s.create(CreateRequest(IDS["paused"], _created(APPROVE, ["order-8"], STUB_C, 30)), at(30))
+        await s.create(
+            CreateRequest(IDS["paused"], _created(APPROVE, ["order-8"], STUB_C, 30)), at(30)
+        )
         await s.pause(IDS["paused"], at(31))
         # an activity that failed, was retried and finished with its err
         eid = IDS["err"]
         await s.create(CreateRequest(eid, _created(STEP, [13], STEP_C, 40)), at(40))
         v = await _lock(s, eid, STEP, STEP_C, 40.1, 5)
-        await s.append(eid, v, [ev.TemporarilyFailed(at(40.4), "returned err", '"unlucky"')], at(40.2))
+        await s.append(
+            eid, v, [ev.TemporarilyFailed(at(40.4), "returned err", '"unlucky"')], at(40.2)
+        )
         v = await _lock(s, eid, STEP, STEP_C, 40.5, 6)
         await s.append(eid, v, [ev.Finished(ev.ResultErr("unlucky 13"))], at(40.6))
     finally:

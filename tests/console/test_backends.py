@@ -162,7 +162,9 @@ async def test_the_console_attached_to_a_server_on_postgresql(
 
     request.addfinalizer(lambda: drop_schema(postgres_dsn, tmp_path))
     engine = await Engine.start(
-        write_deployment(tmp_path), tmp_path / "data", database_url=schema_dsn(postgres_dsn, tmp_path)
+        write_deployment(tmp_path),
+        tmp_path / "data",
+        database_url=schema_dsn(postgres_dsn, tmp_path),
     )
     server = TestServer(make_app(engine, TOKEN))
     await server.start_server()
@@ -185,11 +187,20 @@ async def test_the_console_attached_to_a_server_on_postgresql(
             assert "attached" in app.sub_title
             lst.move_cursor(lst.index_of(waiting) or 0)
             await pilot.press("p")
-            await until(pilot, lambda: lst.selected is not None
-                        and lst.selected["state"]["type"] == "paused", what="paused")
+            await until(
+                pilot,
+                lambda: lst.selected is not None and lst.selected["state"]["type"] == "paused",
+                what="paused",
+            )
             await pilot.press("enter")
-            await until(pilot, lambda: "test:console/approval.approve" in screen_text(app)
-                        and "Paused" in screen_text(app), what="the detail")
+            await until(
+                pilot,
+                lambda: (
+                    "test:console/approval.approve" in screen_text(app)
+                    and "Paused" in screen_text(app)
+                ),
+                what="the detail",
+            )
     finally:
         await server.close()
         await engine.stop()
@@ -208,7 +219,6 @@ async def test_the_attached_console_marks_a_lost_server_once_and_resumes(
     rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
     try:
         async with open_console(backend=rest) as (app, pilot):
-
             titles: list[str] = []  # every toast, also those that expired meanwhile
             notify = app.notify
 
@@ -248,9 +258,14 @@ async def test_the_submit_dialog_lists_the_functions_once_the_server_is_back(
         async with open_console(backend=rest) as (app, pilot):
             await server.close()
             await pilot.press("s")
-            await until(pilot, lambda: isinstance(app.screen, SubmitScreen)
-                        and "cannot list the functions" in screen_text(app),
-                        what="the dialog's notice")
+            await until(
+                pilot,
+                lambda: (
+                    isinstance(app.screen, SubmitScreen)
+                    and "cannot list the functions" in screen_text(app)
+                ),
+                what="the dialog's notice",
+            )
             dialog = app.screen
             assert isinstance(dialog, SubmitScreen) and dialog.functions == []
             server = TestServer(make_app(console_engine, TOKEN), port=port)

@@ -14,7 +14,10 @@ from tests.console.conftest import write_deployment
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "obelisk_tui", *args],
-        capture_output=True, text=True, timeout=60, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
     )
 
@@ -22,7 +25,10 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--attach", "http://127.0.0.1:9"], "cannot reach the obelisk server at http://127.0.0.1:9"),
+        (
+            ["--attach", "http://127.0.0.1:9"],
+            "cannot reach the obelisk server at http://127.0.0.1:9",
+        ),
         (["--deployment", "missing.toml"], "missing.toml: deployment file not found"),
         ([], "give --deployment FILE, --demo or --attach URL"),
         (["--serve", "--serve-listen", "nowhere"], "--serve-listen: expected HOST:PORT"),
@@ -54,9 +60,22 @@ def test_the_token_is_checked_before_the_screen(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     deployment = write_deployment(tmp_path)
     server = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", "server", "run", "--deployment", str(deployment),
-         "--data-dir", str(tmp_path / "data"), "--api-listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "server",
+            "run",
+            "--deployment",
+            str(deployment),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--api-listen",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={"PATH": "/usr/bin:/bin", "OBELISK_API_TOKEN": "sekrit"},
     )
     try:
@@ -66,7 +85,10 @@ def test_the_token_is_checked_before_the_screen(tmp_path: Path) -> None:
                 break
         done = subprocess.run(
             [sys.executable, "-m", "obelisk_tui", "--attach", f"http://127.0.0.1:{port}"],
-            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
             env={"PATH": "/usr/bin:/bin", "OBELISK_API_TOKEN": "wrong"},
         )
         assert done.returncode == 1

@@ -111,8 +111,11 @@ async def test_filter_order_and_clear(console_engine: Engine) -> None:
 
         await pilot.press("slash")
         await pilot.press(*"state:asleep", "enter")
-        await until(pilot, lambda: any("unknown state 'asleep'" in n for n in notices(app)),
-                    what="the filter error")
+        await until(
+            pilot,
+            lambda: any("unknown state 'asleep'" in n for n in notices(app)),
+            what="the filter error",
+        )
         assert listed(app) == [done, waiting]  # unchanged
 
 
@@ -143,11 +146,17 @@ async def test_pause_unpause_and_refusals_from_the_list(console_engine: Engine) 
         await pilot.press("p")
         await until(pilot, lambda: any(f"paused {order}" in n for n in notices(app)), what="paused")
         assert await state_of(engine, order) == "paused"
-        await until(pilot, lambda: shown_state(app) == "paused", what=f"the row paused {shown_state(app)}")
+        await until(
+            pilot, lambda: shown_state(app) == "paused", what=f"the row paused {shown_state(app)}"
+        )
         await pilot.press("p")  # again: the footer has it disabled, the key says why
         await until(pilot, lambda: any("already paused" in n for n in notices(app)), what="refusal")
         await pilot.press("u")
-        await until(pilot, lambda: any(f"unpaused {order}" in n for n in notices(app)), what=f"unpaused {notices(app)}")
+        await until(
+            pilot,
+            lambda: any(f"unpaused {order}" in n for n in notices(app)),
+            what=f"unpaused {notices(app)}",
+        )
         assert await state_of(engine, order) == "blocked_by_join_set"
 
         running = await engine.submit(SPIN, [60_000])
@@ -157,12 +166,20 @@ async def test_pause_unpause_and_refusals_from_the_list(console_engine: Engine) 
 
         await until(pilot, locked, what="the spinning activity to run")
         await select(app, pilot, running)
-        await until(pilot, lambda: app.screen.query_one(ExecutionList).selected is not None
-                    and app.screen.query_one(ExecutionList).selected["state"]["type"] == "locked",  # type: ignore[index]
-                    what="the list to show it locked")
+        await until(
+            pilot,
+            lambda: (
+                app.screen.query_one(ExecutionList).selected is not None
+                and app.screen.query_one(ExecutionList).selected["state"]["type"] == "locked"
+            ),  # type: ignore[index]
+            what="the list to show it locked",
+        )
         await pilot.press("p")
-        await until(pilot, lambda: any("a running activity cannot be paused" in n
-                                       for n in notices(app)), what="the pause refusal")
+        await until(
+            pilot,
+            lambda: any("a running activity cannot be paused" in n for n in notices(app)),
+            what="the pause refusal",
+        )
         assert await state_of(engine, running) == "locked"
 
         await pilot.press("c")
@@ -190,8 +207,11 @@ async def test_cancel_asks_first_and_marks_act_on_many(console_engine: Engine) -
         assert app.screen.query_one(ExecutionList).marked == {b, c}
         assert "2 marked" in screen_text(app)
         await pilot.press("p")
-        await until(pilot, lambda: any("paused 2 executions" in n for n in notices(app)),
-                    what="the bulk pause")
+        await until(
+            pilot,
+            lambda: any("paused 2 executions" in n for n in notices(app)),
+            what="the bulk pause",
+        )
         assert [await state_of(engine, x) for x in (a, b, c)] == ["pending_at", "paused", "paused"]
         assert app.screen.query_one(ExecutionList).marked == set()  # cleared after the action
 
@@ -245,7 +265,8 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
         log = screen.query_one(EventLog)
         await until(pilot, lambda: len(log.events) == screen.info["next_version"], what="events")  # type: ignore[index]
         submit_version = next(
-            e["version"] for e in log.events
+            e["version"]
+            for e in log.events
             if e["event"].get("type") == "history_event"
             and e["event"]["event"]["type"] == "join_set_request"
         )
@@ -255,8 +276,11 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
         assert "fanout.js:" in screen_text(app)
         log.focus()
         await pilot.press("enter")  # on the child request: open the child
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
-                    and app.screen is not screen, what="the requested child")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen is not screen,
+            what="the requested child",
+        )
         requested = log.events[submit_version]["event"]["event"]["request"]["child_execution_id"]
         assert app.screen.execution_id == requested  # type: ignore[attr-defined]
         await pilot.press("escape")
@@ -265,8 +289,11 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
         # Time travel: the diagram goes back to the version under the cursor.
         await until(pilot, lambda: screen.travel == submit_version, what="travel")
         await pilot.press("1")
-        await until(pilot, lambda: f"at version {submit_version} of" in screen_text(app),
-                    what="the diagram at that version")
+        await until(
+            pilot,
+            lambda: f"at version {submit_version} of" in screen_text(app),
+            what="the diagram at that version",
+        )
         assert "time travel" in screen_text(app)
         await pilot.press("left_square_bracket")
         assert screen.travel == submit_version - 1
@@ -277,23 +304,38 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
 
         # Children: the three steps; enter opens one, P its parent.
         await pilot.press("3")
-        await until(pilot, lambda: screen_text(app).count("test:console/activity.step") == 3,
-                    what="the children")
+        await until(
+            pilot,
+            lambda: screen_text(app).count("test:console/activity.step") == 3,
+            what="the children",
+        )
         tree = screen.query_one("#children-tree")
         tree.focus()
         await pilot.press("enter")  # the cursor starts on the first child
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
-                    and app.screen is not screen, what="the child's detail")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen is not screen,
+            what="the child's detail",
+        )
         child = app.screen
         assert isinstance(child, ExecutionDetailScreen) and child.execution_id.startswith(eid + ".")
         await until(pilot, lambda: child.info is not None, what="the child to load")
         await pilot.press("P")
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
-                    and app.screen.execution_id == eid and app.screen is not screen,
-                    what="the parent")
+        await until(
+            pilot,
+            lambda: (
+                isinstance(app.screen, ExecutionDetailScreen)
+                and app.screen.execution_id == eid
+                and app.screen is not screen
+            ),
+            what="the parent",
+        )
         await pilot.press("P")  # the top-level parent has no parent: say so
-        await until(pilot, lambda: any("is a top-level execution" in n for n in notices(app)),
-                    what="the explanation")
+        await until(
+            pilot,
+            lambda: any("is a top-level execution" in n for n in notices(app)),
+            what="the explanation",
+        )
         await pilot.press("escape", "escape")
         assert app.screen is screen
 
@@ -301,8 +343,11 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
         await pilot.press("4")
         await until(pilot, lambda: "fan-out of 3 adds up to 30" in screen_text(app), what="logs")
         await pilot.press("5")
-        await until(pilot, lambda: "'30'" in screen_text(app) or '"30"' in screen_text(app),
-                    what="the result")
+        await until(
+            pilot,
+            lambda: "'30'" in screen_text(app) or '"30"' in screen_text(app),
+            what="the result",
+        )
         assert screen.query_one(TabbedContent).active == "result"
         await pilot.press("escape")
         assert isinstance(app.screen, ExecutionsScreen)
@@ -313,8 +358,11 @@ async def test_detail_actions_on_a_waiting_workflow(console_engine: Engine) -> N
     async with open_console(engine) as (app, pilot):
         order, approval = await blocked_order(engine, pilot)
         app.open_execution(order)
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
-                    and app.screen.info is not None, what="detail")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen.info is not None,
+            what="detail",
+        )
         await pilot.press("p")
         await until(pilot, lambda: "paused" in screen_text(app).split("\n")[1], what="paused title")
         assert await state_of(engine, order) == "paused"
@@ -325,8 +373,11 @@ async def test_detail_actions_on_a_waiting_workflow(console_engine: Engine) -> N
         await until(pilot, lambda: bool(log.events), what="the events")
         assert log.cursor == len(log.events) - 1
         await engine.stub(approval, {"ok": True})
-        await until(pilot, lambda: "finished ok" in screen_text(app).split("\n")[1],
-                    what="the workflow to finish live")
+        await until(
+            pilot,
+            lambda: "finished ok" in screen_text(app).split("\n")[1],
+            what="the workflow to finish live",
+        )
         await until(pilot, lambda: log.events[-1]["event"]["type"] == "finished", what="finished")
         assert log.cursor == len(log.events) - 1
         await pilot.press("c")  # finished: nothing to cancel, and the key says so
@@ -341,18 +392,31 @@ async def test_stub_from_the_console(console_engine: Engine) -> None:
     async with open_console(engine) as (app, pilot):
         order, approval = await blocked_order(engine, pilot)
         app.open_execution(order)
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
-                    and app.screen.info is not None, what="detail")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen.info is not None,
+            what="detail",
+        )
         await pilot.press("S")  # a workflow: not stubbed, and the key says why
-        await until(pilot, lambda: any("is not a stub activity" in n for n in notices(app)),
-                    what="refusal")
+        await until(
+            pilot, lambda: any("is not a stub activity" in n for n in notices(app)), what="refusal"
+        )
         app.open_execution(approval)
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
-                    and app.screen.execution_id == approval and app.screen.info is not None,
-                    what="the approval's detail")
+        await until(
+            pilot,
+            lambda: (
+                isinstance(app.screen, ExecutionDetailScreen)
+                and app.screen.execution_id == approval
+                and app.screen.info is not None
+            ),
+            what="the approval's detail",
+        )
         await pilot.press("S")
-        await until(pilot, lambda: isinstance(app.screen, StubScreen)
-                    and app.screen.return_type is not None, what="the stub dialog")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, StubScreen) and app.screen.return_type is not None,
+            what="the stub dialog",
+        )
         dialog = app.screen
         area = dialog.query_one(TextArea)
         assert area.text == '{"ok": false}'  # the template of result<bool, string>
@@ -372,8 +436,11 @@ async def test_cancel_of_a_waiting_cancellable_workflow(console_engine: Engine) 
     async with open_console(engine) as (app, pilot):
         order, approval = await blocked_order(engine, pilot, "o-2")
         app.open_execution(order)
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen)
-                    and app.screen.info is not None, what="detail")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen.info is not None,
+            what="detail",
+        )
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
         await pilot.press("y")
@@ -407,7 +474,9 @@ async def test_components_screen_and_hot_reload(console_engine: Engine, tmp_path
         for name in ("step", "spin", "approval", "order"):
             assert name in text
         before = next(c for c in engine.components if c.config.name == "step").component_id.digest
-        (tmp_path / "step.js").write_text("export default function step(idx) { return idx * 100; }\n")
+        (tmp_path / "step.js").write_text(
+            "export default function step(idx) { return idx * 100; }\n"
+        )
 
         def reloaded() -> bool:
             return any("reloaded" in n for n in notices(app))
@@ -419,15 +488,24 @@ async def test_components_screen_and_hot_reload(console_engine: Engine, tmp_path
         assert "1 component change(s)" in screen_text(app)
 
         (tmp_path / "step.js").write_text("export default function step(idx) { return idx * ; }\n")
-        await until(pilot, lambda: any("step.js" in n for n in notices(app)
-                                       if "reloaded" not in n), timeout=20, what="the error toast")
+        await until(
+            pilot,
+            lambda: any("step.js" in n for n in notices(app) if "reloaded" not in n),
+            timeout=20,
+            what="the error toast",
+        )
         await until(pilot, lambda: "reload FAILED" in screen_text(app), what="the failure shown")
-        assert next(c for c in engine.components if c.config.name == "step").component_id.digest == after
+        assert (
+            next(c for c in engine.components if c.config.name == "step").component_id.digest
+            == after
+        )
         await pilot.press("escape")
         assert isinstance(app.screen, ExecutionsScreen)
 
 
-async def test_submit_form_checks_params_and_opens_the_new_execution(console_engine: Engine) -> None:
+async def test_submit_form_checks_params_and_opens_the_new_execution(
+    console_engine: Engine,
+) -> None:
     engine = console_engine
     async with open_console(engine) as (app, pilot):
         await pilot.press("s")
@@ -436,14 +514,20 @@ async def test_submit_form_checks_params_and_opens_the_new_execution(console_eng
         assert isinstance(form, SubmitScreen)
         await until(pilot, lambda: bool(form.functions), what="the functions")
         await pilot.press(*"fanout", "enter")
-        await until(pilot, lambda: form.chosen is not None and form.chosen["ffqn"] == FANOUT,
-                    what="fanout chosen")
+        await until(
+            pilot,
+            lambda: form.chosen is not None and form.chosen["ffqn"] == FANOUT,
+            what="fanout chosen",
+        )
         area = form.query_one(TextArea)
         assert area.text == "[0]"
         assert "n: u32" in screen_text(app)
         area.text = "[-1]"
-        await until(pilot, lambda: "params[0] (n): expected u32" in screen_text(app),
-                    what="the inline error")
+        await until(
+            pilot,
+            lambda: "params[0] (n): expected u32" in screen_text(app),
+            what="the inline error",
+        )
         area.text = "[1, 2"
         await until(pilot, lambda: "not JSON" in screen_text(app), what="the JSON error")
         await pilot.press("ctrl+s")
@@ -484,7 +568,9 @@ async def test_help_and_quit(console_engine: Engine) -> None:
         await until(pilot, lambda: app._exit, what="the app to quit")  # type: ignore[attr-defined]
 
 
-async def test_the_cursor_stays_on_its_execution_when_new_ones_arrive(console_engine: Engine) -> None:
+async def test_the_cursor_stays_on_its_execution_when_new_ones_arrive(
+    console_engine: Engine,
+) -> None:
     engine = console_engine
     older = [await engine.submit(APPROVE, [str(i)]) for i in range(2)]
     async with open_console(engine) as (app, pilot):
@@ -497,8 +583,9 @@ async def test_the_cursor_stays_on_its_execution_when_new_ones_arrive(console_en
         assert lst.selected["execution_id"] == older[0] and lst.cursor == 4  # type: ignore[index]
         assert lst.first_visible == 0 and listed(app)[0] == newer[-1]  # the view stays on top
         await pilot.press("p")
-        await until(pilot, lambda: any(f"paused {older[0]}" in n for n in notices(app)),
-                    what="paused")
+        await until(
+            pilot, lambda: any(f"paused {older[0]}" in n for n in notices(app)), what="paused"
+        )
         assert await state_of(engine, older[0]) == "paused"
         assert {await state_of(engine, x) for x in newer} == {"pending_at"}
 

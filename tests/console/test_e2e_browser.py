@@ -56,10 +56,19 @@ SCREEN_TIMEOUT = 15.0
 
 #: As root, in a machine without network: no sandbox, no GPU, no background traffic.
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-extensions", "--mute-audio", "--window-size=1600,1000",
-    "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--mute-audio",
+    "--window-size=1600,1000",
+    "--remote-debugging-address=127.0.0.1",
+    "--remote-debugging-port=0",
 ]
 
 #: Installed before textual.js runs: keeps each xterm.js Terminal assigned to a
@@ -184,15 +193,22 @@ class Page:
         else:
             raise ValueError(f"no key event for {key!r}")
         down: dict[str, Any] = {
-            "type": "keyDown", "key": name, "code": code, "windowsVirtualKeyCode": vk,
+            "type": "keyDown",
+            "key": name,
+            "code": code,
+            "windowsVirtualKeyCode": vk,
             "modifiers": modifiers,
         }
         if text:
             down["text"] = down["unmodifiedText"] = text
         await self.cdp.send("Input.dispatchKeyEvent", **down)
         await self.cdp.send(
-            "Input.dispatchKeyEvent", type="keyUp", key=name, code=code,
-            windowsVirtualKeyCode=vk, modifiers=modifiers,
+            "Input.dispatchKeyEvent",
+            type="keyUp",
+            key=name,
+            code=code,
+            windowsVirtualKeyCode=vk,
+            modifiers=modifiers,
         )
 
 
@@ -205,7 +221,9 @@ class Chromium:
         self._log = log.open("w")
         self.proc = subprocess.Popen(
             [path, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its helpers (renderer, GPU, zygote) in its group
         )
 
@@ -260,9 +278,17 @@ async def test_console_in_chromium(chromium_path: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("OBELISK_API_TOKEN", None)
     serve = DrainedProcess(
-        [*console_command(), "--serve", "--demo", "--data-dir", str(tmp_path / "data"),
-         "--serve-listen", f"127.0.0.1:{port}"],
-        tmp_path / "serve.log", env=env,
+        [
+            *console_command(),
+            "--serve",
+            "--demo",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--serve-listen",
+            f"127.0.0.1:{port}",
+        ],
+        tmp_path / "serve.log",
+        env=env,
     )
     chromium: Chromium | None = None
     try:
@@ -279,7 +305,8 @@ async def test_console_in_chromium(chromium_path: str, tmp_path: Path) -> None:
             await page.press("q")
             await async_wait_for(
                 lambda: page.cdp.evaluate("document.body.classList.contains('-closed')"),
-                SCREEN_TIMEOUT, "the page to show 'Session ended.' after q",
+                SCREEN_TIMEOUT,
+                "the page to show 'Session ended.' after q",
                 describe=page.describe,
             )
         chromium.kill()
@@ -307,7 +334,9 @@ async def _browse(page: Page, api_url: str, tmp_path: Path) -> None:
     assert first is not None
     await page.wait_screen(
         "new executions to show up (the header's total grows)",
-        lambda s: (c := parse_counts(s)) is not None and c["total"] > first["total"] and parse_rows(s),
+        lambda s: (
+            (c := parse_counts(s)) is not None and c["total"] > first["total"] and parse_rows(s)
+        ),
     )
 
     # -- freeze, then open the first finished row (its log no longer changes) -------------
@@ -343,19 +372,24 @@ async def _browse(page: Page, api_url: str, tmp_path: Path) -> None:
     assert chosen.ffqn in screen.splitlines()[1], screen
     for box in ("PendingAt", "Locked", "BlockedByJoinSet", "Finished"):
         assert box in screen, f"the state diagram lacks {box}\n{screen}"
-    assert any(line.split()[:2] == ["execution", execution_id] for line in screen.splitlines()), screen
+    assert any(line.split()[:2] == ["execution", execution_id] for line in screen.splitlines()), (
+        screen
+    )
     version = VERSION_RE.search(screen)
     assert version is not None
 
     # -- 2: its event log -------------------------------------------------------------------
     await page.press("2")
     screen = await page.wait_screen(
-        "the Events tab", lambda s: "TIME (UTC)" in s and parse_events(s),
+        "the Events tab",
+        lambda s: "TIME (UTC)" in s and parse_events(s),
     )
     events = parse_events(screen)
     versions = [e.version for e in events]
     assert versions == list(range(versions[0], versions[0] + len(versions))), screen
-    assert versions[-1] == int(version["last"]), f"the log ends at {versions[-1]}, the state at {version['last']}\n{screen}"
+    assert versions[-1] == int(version["last"]), (
+        f"the log ends at {versions[-1]}, the state at {version['last']}\n{screen}"
+    )
     if versions[0] == 0:
         assert events[0].event == "created" and chosen.ffqn in events[0].summary, screen
     if chosen.finished:
@@ -366,5 +400,6 @@ async def _browse(page: Page, api_url: str, tmp_path: Path) -> None:
     # -- escape: back to the list --------------------------------------------------------------
     await page.press("Escape")
     await page.wait_screen(
-        "the executions list again", lambda s: "1 State" not in s and parse_rows(s) and list_title(s),
+        "the executions list again",
+        lambda s: "1 State" not in s and parse_rows(s) and list_title(s),
     )

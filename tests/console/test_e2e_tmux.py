@@ -63,10 +63,16 @@ class Tmux:
     def __call__(self, *args: str, env: dict[str, str] | None = None) -> str:
         done = subprocess.run(
             [self.tmux, "-S", str(self.socket), *args],
-            capture_output=True, text=True, timeout=15, env=env, check=False,
+            capture_output=True,
+            text=True,
+            timeout=15,
+            env=env,
+            check=False,
         )
         if done.returncode != 0:
-            raise AssertionError(f"tmux {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}")
+            raise AssertionError(
+                f"tmux {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}"
+            )
         return done.stdout
 
     def start(self, command: list[str], env: dict[str, str], exit_file: Path) -> None:
@@ -78,10 +84,24 @@ class Tmux:
         """
         script = f"{shlex.join(command)}; echo $? > {shlex.quote(str(exit_file))}"
         self(
-            "-f", os.devnull,
-            "set-option", "-g", "remain-on-exit", "on", ";",
-            "new-session", "-d", "-s", SESSION, "-x", str(WIDTH), "-y", str(HEIGHT),
-            "-c", str(REPO_ROOT), script,
+            "-f",
+            os.devnull,
+            "set-option",
+            "-g",
+            "remain-on-exit",
+            "on",
+            ";",
+            "new-session",
+            "-d",
+            "-s",
+            SESSION,
+            "-x",
+            str(WIDTH),
+            "-y",
+            str(HEIGHT),
+            "-c",
+            str(REPO_ROOT),
+            script,
             env=env,
         )
 
@@ -124,8 +144,12 @@ class Tmux:
             group = self.pane_pid()
         except (AssertionError, subprocess.TimeoutExpired):
             group = 0
-        subprocess.run([self.tmux, "-S", str(self.socket), "kill-server"],
-                       capture_output=True, timeout=15, check=False)
+        subprocess.run(
+            [self.tmux, "-S", str(self.socket), "kill-server"],
+            capture_output=True,
+            timeout=15,
+            check=False,
+        )
         if group:  # the server's SIGHUP should have ended them; make sure
             deadline = time.monotonic() + 10
             while _group_alive(group) and time.monotonic() < deadline:
@@ -167,11 +191,15 @@ def _deployment_names() -> list[str]:
 
 def _pick(rows: list[Row]) -> tuple[int, Row]:
     """A finished row to open: a top-level JS workflow (it has backtraces) if one shows."""
+
     def rank(item: tuple[int, Row]) -> tuple[int, int]:
         _, row = item
         workflow = row.ffqn.startswith("myapp:demo/workflow.")
         fits = row.events is not None and row.events <= 25  # the whole log fits the tab
-        return (0 if workflow and row.top_level and fits else 1 if row.top_level and fits else 2, item[0])
+        return (
+            0 if workflow and row.top_level and fits else 1 if row.top_level and fits else 2,
+            item[0],
+        )
 
     candidates = [(i, r) for i, r in enumerate(rows) if r.finished and r.events]
     assert candidates, f"no finished row in the (filtered) list: {rows}"
@@ -198,7 +226,9 @@ def test_console_in_tmux(tmux: Tmux, tmp_path: Path) -> None:
         tmux.capture()  # for the failure message: what the console shows meanwhile
         return None
 
-    code = wait_for(exit_code, SCREEN_TIMEOUT, "the console to exit after q", describe=tmux.describe)
+    code = wait_for(
+        exit_code, SCREEN_TIMEOUT, "the console to exit after q", describe=tmux.describe
+    )
     assert code == "0", (
         f"obelisk-tui exited with {code} after q\n--- the pane, scrollback included ---\n"
         f"{tmux.history()}\n{console_log(data_dir)}"
@@ -254,30 +284,42 @@ def _run_session(tmux: Tmux) -> None:
     tmux.wait_screen(
         "executions to appear and move (growing total, >= 3 states, a row seen unfinished "
         "then finished)",
-        traffic_moves, 30.0,
+        traffic_moves,
+        30.0,
     )
 
     # -- / filter: state:finished --------------------------------------------------------
     tmux.keys("/")
-    tmux.wait_screen("the filter box", lambda s: "filter: state:locked,paused" in s and "(enter: apply" in s)
+    tmux.wait_screen(
+        "the filter box", lambda s: "filter: state:locked,paused" in s and "(enter: apply" in s
+    )
     tmux.type("state:finished")
     tmux.wait_screen("the typed filter", lambda s: "state:finished" in s)
     tmux.keys("Enter")
 
     def filtered(s: str) -> bool:
         title, counts, rows = list_title(s), parse_counts(s), parse_rows(s)
-        if title is None or title["total"] is None or "filter: state:finished" not in (title["rest"] or ""):
+        if (
+            title is None
+            or title["total"] is None
+            or "filter: state:finished" not in (title["rest"] or "")
+        ):
             return False  # not applied yet (the total shows once the filtered list is in)
         # All rows finished, and the list's total is the header's finished count.
-        return bool(rows) and all(r.finished for r in rows) and counts is not None and (
-            int(title["total"].replace(",", "")) == counts["finished"]
+        return (
+            bool(rows)
+            and all(r.finished for r in rows)
+            and counts is not None
+            and (int(title["total"].replace(",", "")) == counts["finished"])
         )
 
     tmux.wait_screen("the list filtered to finished executions", filtered)
     for _ in range(5):  # and it stays filtered while the list refreshes live
         time.sleep(0.2)
         rows = parse_rows(tmux.capture())
-        assert rows and all(r.finished for r in rows), f"filter state:finished shows {rows}\n{tmux.describe()}"
+        assert rows and all(r.finished for r in rows), (
+            f"filter state:finished shows {rows}\n{tmux.describe()}"
+        )
 
     # -- space: freeze the live refresh, so that the rows stay where they are ------------
     tmux.keys("Space")
@@ -303,9 +345,15 @@ def _run_session(tmux: Tmux) -> None:
     screen = tmux.wait_screen(
         f"the detail of row {index} ({chosen.shown_id})",
         # The title gets its ffqn with the first status the detail loads: wait for both.
-        lambda s: ("1 State" in s and "2 Events" in s and "events " in s and VERSION_RE.search(s)
-                   and len(s.splitlines()) > 1 and chosen.ffqn in s.splitlines()[1]
-                   and "state now: " in s),
+        lambda s: (
+            "1 State" in s
+            and "2 Events" in s
+            and "events " in s
+            and VERSION_RE.search(s)
+            and len(s.splitlines()) > 1
+            and chosen.ffqn in s.splitlines()[1]
+            and "state now: " in s
+        ),
     )
     detail_title = screen.splitlines()[1]
     full_id = detail_title.split()[0]
@@ -313,8 +361,11 @@ def _run_session(tmux: Tmux) -> None:
     assert chosen.ffqn in detail_title, screen
     for box in ("PendingAt", "Locked", "BlockedByJoinSet", "Finished"):
         assert box in screen, f"the state diagram lacks {box}\n{screen}"
-    metadata = {line.split()[0]: line.split()[1:] for line in screen.splitlines()
-                if line.strip() and line.startswith(" ") and len(line.split()) > 1}
+    metadata = {
+        line.split()[0]: line.split()[1:]
+        for line in screen.splitlines()
+        if line.strip() and line.startswith(" ") and len(line.split()) > 1
+    }
     assert metadata.get("execution") == [full_id], screen
     assert metadata.get("events") == [str(chosen.events)], screen
     version = VERSION_RE.search(screen)
@@ -345,7 +396,9 @@ def _run_session(tmux: Tmux) -> None:
         target = with_backtrace[-1]
         for _ in range(last - target.version):
             tmux.keys("k")
-        backtrace_re = re.compile(rf"^\s*(?P<file>\S+\.js):(?P<line>\d+):\d+\b.*\bversion {target.version}\s*$", re.M)
+        backtrace_re = re.compile(
+            rf"^\s*(?P<file>\S+\.js):(?P<line>\d+):\d+\b.*\bversion {target.version}\s*$", re.M
+        )
         screen = tmux.wait_screen(
             f"the backtrace of version {target.version} (file.js:line:column … version N)",
             lambda s: backtrace_re.search(s),
@@ -379,7 +432,9 @@ def _run_session(tmux: Tmux) -> None:
     def unfiltered(s: str) -> bool:
         title, counts = list_title(s), parse_counts(s)
         return (
-            title is not None and title["total"] is not None and counts is not None
+            title is not None
+            and title["total"] is not None
+            and counts is not None
             and "filter" not in (title["rest"] or "")
             and int(title["total"].replace(",", "")) == counts["total"]
         )
@@ -404,7 +459,9 @@ def _run_session(tmux: Tmux) -> None:
     assert "started " in screen, f"the reload status (started HH:MM:SS) is missing\n{screen}"
     assert "exported function" in screen and "myapp:demo/" in screen, screen
     tmux.keys("Escape")
-    tmux.wait_screen("the executions list after the components", lambda s: parse_rows(s) and list_title(s))
+    tmux.wait_screen(
+        "the executions list after the components", lambda s: parse_rows(s) and list_title(s)
+    )
 
     # -- q ---------------------------------------------------------------------------------
     tmux.keys("q")

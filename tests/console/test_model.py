@@ -22,8 +22,13 @@ from tests.console.conftest import FANOUT, ORDER
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def info(state: dict[str, Any], *, ctype: str = "activity_wasm", ffqn: str = "a:b/c.d",
-         result: dict[str, Any] | None = None) -> ExecutionInfo:
+def info(
+    state: dict[str, Any],
+    *,
+    ctype: str = "activity_wasm",
+    ffqn: str = "a:b/c.d",
+    result: dict[str, Any] | None = None,
+) -> ExecutionInfo:
     return {
         "execution_id": "E_01KAAAAAAAAAAAAAAAAAAAAAAA",
         "ffqn": ffqn,
@@ -41,12 +46,24 @@ def info(state: dict[str, Any], *, ctype: str = "activity_wasm", ffqn: str = "a:
 
 
 PENDING = {"type": "pending_at", "scheduled_at": "2026-01-01T00:00:00Z", "last_lock": None}
-LOCKED = {"type": "locked", "executor_id": "Exr_1", "run_id": "Run_1",
-          "lock_expires_at": "2026-01-01T00:00:01Z"}
-BLOCKED = {"type": "blocked_by_join_set", "join_set_id": "g:1",
-           "lock_expires_at": "2026-01-01T00:00:01Z", "closing": False}
-FINISHED = {"type": "finished", "version": 2, "finished_at": "2026-01-01T00:00:02Z",
-            "result_kind": "ok"}
+LOCKED = {
+    "type": "locked",
+    "executor_id": "Exr_1",
+    "run_id": "Run_1",
+    "lock_expires_at": "2026-01-01T00:00:01Z",
+}
+BLOCKED = {
+    "type": "blocked_by_join_set",
+    "join_set_id": "g:1",
+    "lock_expires_at": "2026-01-01T00:00:01Z",
+    "closing": False,
+}
+FINISHED = {
+    "type": "finished",
+    "version": 2,
+    "finished_at": "2026-01-01T00:00:02Z",
+    "result_kind": "ok",
+}
 
 
 @pytest.mark.parametrize(
@@ -55,11 +72,29 @@ FINISHED = {"type": "finished", "version": 2, "finished_at": "2026-01-01T00:00:0
         (PENDING, "activity_wasm", "a:b/c.d", "pause", None),
         (LOCKED, "activity_wasm", "a:b/c.d", "pause", "a running activity cannot be paused"),
         (LOCKED, "workflow_js", "a:b/c.d", "pause", None),  # released first (SPEC §4.3)
-        ({"type": "paused", "underlying": PENDING}, "activity_js", "a:b/c.d", "pause", "already paused"),
+        (
+            {"type": "paused", "underlying": PENDING},
+            "activity_js",
+            "a:b/c.d",
+            "pause",
+            "already paused",
+        ),
         ({"type": "paused", "underlying": BLOCKED}, "workflow_js", "a:b/c.d", "unpause", None),
         (PENDING, "activity_js", "a:b/c.d", "unpause", "is not paused"),
-        ({"type": "cancelling", "underlying": LOCKED}, "activity_js", "a:b/c.d", "pause", "being cancelled"),
-        ({"type": "cancelling", "underlying": LOCKED}, "activity_js", "a:b/c.d", "cancel", "already being cancelled"),
+        (
+            {"type": "cancelling", "underlying": LOCKED},
+            "activity_js",
+            "a:b/c.d",
+            "pause",
+            "being cancelled",
+        ),
+        (
+            {"type": "cancelling", "underlying": LOCKED},
+            "activity_js",
+            "a:b/c.d",
+            "cancel",
+            "already being cancelled",
+        ),
         (BLOCKED, "workflow_js", "a:b/c.run", "cancel", "not cancellable"),
         (BLOCKED, "workflow_js", "a:b/c.run-cancellable", "cancel", None),
         (LOCKED, "activity_stub", "a:b/c.d", "cancel", None),
@@ -70,7 +105,9 @@ FINISHED = {"type": "finished", "version": 2, "finished_at": "2026-01-01T00:00:0
         (FINISHED, "activity_stub", "a:b/c.d", "stub", "is finished"),
     ],
 )
-def test_refusal(state: dict[str, Any], ctype: str, ffqn: str, action: str, refused: str | None) -> None:
+def test_refusal(
+    state: dict[str, Any], ctype: str, ffqn: str, action: str, refused: str | None
+) -> None:
     got = model.refusal(action, info(state, ctype=ctype, ffqn=ffqn))
     if refused is None:
         assert got is None
@@ -100,7 +137,10 @@ def test_state_label(state: dict[str, Any], result: dict[str, Any] | None, label
     [
         ("", ExecutionQuery()),
         ("state:locked,paused", ExecutionQuery(states=("locked", "paused"))),
-        ("state:blocked state:pending", ExecutionQuery(states=("blocked_by_join_set", "pending_at"))),
+        (
+            "state:blocked state:pending",
+            ExecutionQuery(states=("blocked_by_join_set", "pending_at")),
+        ),
         ("ffqn:myapp:demo/ top", ExecutionQuery(ffqn_prefix="myapp:demo/", top_level_only=True)),
         ("myapp:demo/activity.step", ExecutionQuery(ffqn_prefix="myapp:demo/activity.step")),
         ("E_01K", ExecutionQuery(id_prefix="E_01K")),
@@ -132,7 +172,12 @@ def test_orders_cycle() -> None:
 
 def test_spans_and_relative_times() -> None:
     assert [model.span(s) for s in (0.25, 3.04, 42, 300, 7200, 200000)] == [
-        "250ms", "3.0s", "42s", "5m", "2h", "2d"
+        "250ms",
+        "3.0s",
+        "42s",
+        "5m",
+        "2h",
+        "2d",
     ]
     assert model.relative(T0 + timedelta(seconds=2), T0) == "in 2.0s"
     assert model.relative(T0 - timedelta(minutes=5), T0) == "5m ago"
@@ -142,23 +187,53 @@ def test_spans_and_relative_times() -> None:
 @pytest.mark.parametrize(
     ("event", "name", "summary"),
     [
-        (ev.Created("a:b/c.d", [1, "x"], scheduled_at=T0,
-                    component_id=ev.ComponentId("activity_js", "d", "sha256:0"),
-                    deployment_id="Dep_1", parent=("E_P", "g:1")),
-         "created", 'a:b/c.d [1,"x"], child of E_P in g:1'),
-        (ev.Locked(ev.ComponentId("activity_js", "d", "sha256:0"), "Exr_1", "Run_1",
-                   T0 + timedelta(seconds=1), ev.RetryConfig(3, 100)),
-         "locked", "by Exr_1 run Run_1 until 00:00:01.000, max retries 3"),
-        (ev.TemporarilyFailed(T0, "returned err", '"nope"'), "temporarily_failed",
-         'returned err "nope"; retry at 00:00:00.000'),
+        (
+            ev.Created(
+                "a:b/c.d",
+                [1, "x"],
+                scheduled_at=T0,
+                component_id=ev.ComponentId("activity_js", "d", "sha256:0"),
+                deployment_id="Dep_1",
+                parent=("E_P", "g:1"),
+            ),
+            "created",
+            'a:b/c.d [1,"x"], child of E_P in g:1',
+        ),
+        (
+            ev.Locked(
+                ev.ComponentId("activity_js", "d", "sha256:0"),
+                "Exr_1",
+                "Run_1",
+                T0 + timedelta(seconds=1),
+                ev.RetryConfig(3, 100),
+            ),
+            "locked",
+            "by Exr_1 run Run_1 until 00:00:01.000, max retries 3",
+        ),
+        (
+            ev.TemporarilyFailed(T0, "returned err", '"nope"'),
+            "temporarily_failed",
+            'returned err "nope"; retry at 00:00:00.000',
+        ),
         (ev.Finished(ev.ResultErr("bad")), "finished", 'err "bad"'),
-        (ev.Finished(ev.ExecutionFailure("timed_out", "lock expired", "")), "finished",
-         "execution failure timed_out: lock expired"),
-        (ev.HistoryEvent(ev.JoinSetRequest("g:1", ev.ChildExecutionRequest("E_P.g:1_1", "a:b/c.d", [7]))),
-         "join_set_request", "g:1 → E_P.g:1_1 a:b/c.d [7]"),
+        (
+            ev.Finished(ev.ExecutionFailure("timed_out", "lock expired", "")),
+            "finished",
+            "execution failure timed_out: lock expired",
+        ),
+        (
+            ev.HistoryEvent(
+                ev.JoinSetRequest("g:1", ev.ChildExecutionRequest("E_P.g:1_1", "a:b/c.d", [7]))
+            ),
+            "join_set_request",
+            "g:1 → E_P.g:1_1 a:b/c.d [7]",
+        ),
         (ev.HistoryEvent(ev.JoinNext("g:1", T0, None, True)), "join_next", "g:1 (closing)"),
-        (ev.HistoryEvent(ev.Schedule("E_S", ev.ScheduleAtIn(300_000), "a:b/c.mail")), "schedule",
-         "E_S a:b/c.mail in 5m"),
+        (
+            ev.HistoryEvent(ev.Schedule("E_S", ev.ScheduleAtIn(300_000), "a:b/c.mail")),
+            "schedule",
+            "E_S a:b/c.mail in 5m",
+        ),
         (ev.HistoryEvent(ev.Persist(7, ev.PersistRandomU64(0, 9))), "persist", "random_u64 = 7"),
     ],
 )
@@ -181,7 +256,10 @@ def test_template_and_check_params() -> None:
     _, error = model.check_params("f", params, '[1, [2], null, ["", 0]]')  # type: ignore[arg-type]
     assert error == "params[1] (tags)[0]: expected string, got 2"
     _, error = model.check_params("f", params, "[1]")  # type: ignore[arg-type]
-    assert error == "f takes 4 parameter(s) (n: u32, tags: list<string>, maybe: option<bool>, pair: tuple<string, f64>), got 1"
+    assert (
+        error
+        == "f takes 4 parameter(s) (n: u32, tags: list<string>, maybe: option<bool>, pair: tuple<string, f64>), got 1"
+    )
     _, error = model.check_params("f", params, "{")  # type: ignore[arg-type]
     assert error is not None and error.startswith("not JSON")
 
@@ -215,7 +293,11 @@ def test_when_column_of_a_blocked_workflow_shows_only_a_lock_still_held() -> Non
     locked = info(LOCKED)
     locked["lock_expires_at"] = "2026-01-01T00:00:01Z"
     # A lock that expired and was not released yet says so.
-    assert render_execution(locked, cols, T0 + timedelta(minutes=5), False).plain.strip().endswith("ago")
+    assert (
+        render_execution(locked, cols, T0 + timedelta(minutes=5), False)
+        .plain.strip()
+        .endswith("ago")
+    )
 
 
 def test_execution_list_columns_fit_the_width() -> None:
@@ -299,7 +381,9 @@ async def test_steps_show_overlays_and_responses(console_engine: Engine) -> None
     child = f"{eid}.o:1-approve_1"
 
     async def blocked() -> bool:
-        return (await engine.storage.get_row(eid)).state.__struct_config__.tag == "blocked_by_join_set"
+        return (
+            await engine.storage.get_row(eid)
+        ).state.__struct_config__.tag == "blocked_by_join_set"
 
     for _ in range(500):  # the workflow's first run blocks it on the approval
         if await blocked():
@@ -327,7 +411,14 @@ async def test_throughput_sparkline_has_one_bar_per_second() -> None:
         bar = pilot.app.query_one(StateCounts)
         # Four refreshes in second 100 (10 finished), one in 101 (+5), none in 102-103,
         # then one in 104 (+2).
-        for at, finished in [(100.0, 0), (100.2, 4), (100.5, 8), (100.9, 10), (101.5, 15), (104.1, 17)]:
+        for at, finished in [
+            (100.0, 0),
+            (100.2, 4),
+            (100.5, 8),
+            (100.9, 10),
+            (101.5, 15),
+            (104.1, 17),
+        ]:
             bar.show({"finished": finished}, at=at)
         assert bar.per_second[-4:] == [10.0, 5.0, 0.0, 0.0]
         assert len(bar.per_second) == HISTORY
@@ -344,8 +435,14 @@ async def test_counts_bar_fits_a_narrow_terminal(width: int, wide: bool) -> None
         def compose(self) -> ComposeResult:
             yield StateCounts(id="counts")
 
-    counts = {"pending_at": 3, "locked": 1, "blocked_by_join_set": 20, "paused": 1,
-              "cancelling": 2, "finished": 12_345}
+    counts = {
+        "pending_at": 3,
+        "locked": 1,
+        "blocked_by_join_set": 20,
+        "paused": 1,
+        "cancelling": 2,
+        "finished": 12_345,
+    }
     async with Host().run_test(size=(width, 5)) as pilot:
         bar = pilot.app.query_one(StateCounts)
         bar.show(counts, at=1.0)

@@ -219,19 +219,23 @@ async def test_storage_stores_deduplicates_and_replaces(tmp_path: Path) -> None:
         a = [Frame("/w/wf.js", 7, 3, "wf"), Frame("/w/wf.js", 2, 1, "")]
         b = [Frame("/w/wf.js", 9, 3, "wf")]
         # Index 1 has no stack (left out); an empty stack is not stored either.
-        extras = AppendExtras(
-            backtraces=[(0, a), (2, b), (3, [])], component_digest="sha256:v1"
-        )
+        extras = AppendExtras(backtraces=[(0, a), (2, b), (3, [])], component_digest="sha256:v1")
         await storage.append(eid, version, history(4), at(2), extras)
         # A failed append stores nothing.
         with pytest.raises(VersionConflict):
             await storage.append(
-                eid, version, history(1), at(2),
+                eid,
+                version,
+                history(1),
+                at(2),
                 AppendExtras(backtraces=[(0, [Frame("/w/x.js", 1, 1)])], component_digest="x"),
             )
         # The same frames in a later append: the same row.
         await storage.append(
-            eid, version + 4, history(1), at(3),
+            eid,
+            version + 4,
+            history(1),
+            at(3),
             AppendExtras(backtraces=[(0, list(a))], component_digest="sha256:v1"),
         )
         got = {v: await storage.get_backtrace(eid, v) for v in range(version, version + 5)}
@@ -243,7 +247,10 @@ async def test_storage_stores_deduplicates_and_replaces(tmp_path: Path) -> None:
         assert again.backtrace_id == first.backtrace_id
         # Same frames of another component version: another row.
         await storage.append(
-            eid, version + 5, history(1), at(4),
+            eid,
+            version + 5,
+            history(1),
+            at(4),
             AppendExtras(backtraces=[(0, a)], component_digest="sha256:v2"),
         )
         other = await storage.get_backtrace(eid, version + 5)
@@ -287,7 +294,10 @@ async def test_schema_2_database_is_migrated(tmp_path: Path) -> None:
         eid, version = await locked_workflow(storage)
         frames = [Frame("/w/wf.js", 4, 2, "wf")]
         await storage.append(
-            eid, version, history(1), at(2),
+            eid,
+            version,
+            history(1),
+            at(2),
             AppendExtras(backtraces=[(0, frames)], component_digest="sha256:v1"),
         )
         bt = await storage.get_backtrace(eid, version)
@@ -398,7 +408,8 @@ async def test_backtrace_events_and_source_endpoints(
     entries = await r.json()
     assert all("backtrace_id" in e for e in entries)
     requests = [
-        e for e in entries
+        e
+        for e in entries
         if e["event"]["type"] == "history_event"
         and e["event"]["event"]["type"] == "join_set_request"
     ]

@@ -157,9 +157,15 @@ async def wait_summary(
 
 async def blocked_child(engine: Engine, execution_id: str) -> str:
     """Wait until the workflow waits for its stub child; return the child's id."""
-    await wait_summary(engine, execution_id, lambda s: s.state.__struct_config__.tag in (
-        "blocked_by_join_set", "pending_at") and s.join_set_count > 0 and any(
-        c.submitted > c.received for c in s.join_sets.values()))
+    await wait_summary(
+        engine,
+        execution_id,
+        lambda s: (
+            s.state.__struct_config__.tag in ("blocked_by_join_set", "pending_at")
+            and s.join_set_count > 0
+            and any(c.submitted > c.received for c in s.join_sets.values())
+        ),
+    )
     events = await engine.storage.get_events(execution_id)
     children = [
         e.event.event.request.child_execution_id
@@ -311,9 +317,7 @@ async def test_a_component_added_to_the_toml_becomes_submittable(
     assert await engine.result(eid, timeout=10) == ev.ResultOk("other 2")
 
     # Removed again: its FFQN is gone, its executor stopped.
-    status = await edit_and_wait(
-        engine, tmp_path / "deployment.toml", GREET_TOML, changed("other")
-    )
+    status = await edit_and_wait(engine, tmp_path / "deployment.toml", GREET_TOML, changed("other"))
     assert [(c.name, c.change) for c in status.changes] == [("other", "removed")]
     with pytest.raises(UnknownFunction):
         await engine.submit(OTHER, [])
@@ -446,9 +450,7 @@ async def test_incompatible_workflow_upgrade_finishes_on_the_old_code(
     [event] = upgrade_events(await engine.storage.get_events(eid))
     assert event.digest == new_digest
     assert event.outcome == ev.UpgradeFailed(upgrade.reason)
-    assert [(p.digest, p.executions, p.running) for p in status.pinned] == [
-        (old_digest, 1, True)
-    ]
+    assert [(p.digest, p.executions, p.running) for p in status.pinned] == [(old_digest, 1, True)]
     assert set(engine.reloader.pinned_executors) == {old_digest}
 
     # New executions run the new code meanwhile.
@@ -471,7 +473,9 @@ async def test_incompatible_workflow_upgrade_finishes_on_the_old_code(
     # The old execution finishes on the old code.
     await engine.stub(child, {"ok": "yes"})
     assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
-    locks = [e.event for e in await engine.storage.get_events(eid) if isinstance(e.event, ev.Locked)]
+    locks = [
+        e.event for e in await engine.storage.get_events(eid) if isinstance(e.event, ev.Locked)
+    ]
     assert locks[-1].component_id.digest == old_digest
 
     # The old version is retired once nothing is pinned to it.
@@ -555,7 +559,9 @@ async def test_pinned_execution_finishes_on_its_version_after_a_restart(
         fresh = await again.submit(ORDER, ["o-2"])
         await again.stub(child, {"ok": "yes"})
         assert await again.result(eid, timeout=10) == ev.ResultOk("v1 yes")
-        locks = [e.event for e in await again.storage.get_events(eid) if isinstance(e.event, ev.Locked)]
+        locks = [
+            e.event for e in await again.storage.get_events(eid) if isinstance(e.event, ev.Locked)
+        ]
         assert locks[-1].component_id.digest == old_digest
         # New executions run version 2 meanwhile.
         await again.stub(await blocked_child(again, fresh), {"ok": "no"})
@@ -622,7 +628,9 @@ async def test_workflow_edited_while_stopped_is_checked_when_locked(
         assert await again.result(incompatible, timeout=10) == ev.ResultOk("v1 yes")
 
         [ok] = upgrade_events(await again.storage.get_events(compatible))
-        assert ok == ev.ComponentUpgradeFinished(new_digest, again.deployment_id, ev.UpgradeSuccess())
+        assert ok == ev.ComponentUpgradeFinished(
+            new_digest, again.deployment_id, ev.UpgradeSuccess()
+        )
         events = await again.storage.get_events(incompatible)
         [failed] = upgrade_events(events)
         assert failed.digest == new_digest and isinstance(failed.outcome, ev.UpgradeFailed)
@@ -630,8 +638,7 @@ async def test_workflow_edited_while_stopped_is_checked_when_locked(
         locks = [e.event for e in events if isinstance(e.event, ev.Locked)]
         assert locks[-1].component_id.digest == old_digest
         assert not any(
-            isinstance(e.event, ev.Finished)
-            and isinstance(e.event.result, ev.ExecutionFailure)
+            isinstance(e.event, ev.Finished) and isinstance(e.event.result, ev.ExecutionFailure)
             for e in events
         )
     finally:

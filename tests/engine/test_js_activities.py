@@ -92,7 +92,11 @@ async def test_log_lines_are_stamped_when_emitted(start_engine: StartEngine) -> 
     # Every reading of this clock is a millisecond later than the one before.
     engine = await start_engine(
         DEPLOYMENT,
-        files={"acts.js": JS.replace('console.log("hello", name);', 'console.log("a"); console.log("b");')},
+        files={
+            "acts.js": JS.replace(
+                'console.log("hello", name);', 'console.log("a"); console.log("b");'
+            )
+        },
         clock=SteppingClock(0.001),
     )
     eid = await engine.submit("test:js/acts.ok", ["world"])

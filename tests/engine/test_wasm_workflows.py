@@ -273,7 +273,8 @@ async def test_a_workflow_declared_as_an_activity_is_a_deployment_error(
     location = workflow_component("direct")
     with pytest.raises(DeploymentError) as info:
         await start_engine(
-            activity_section() + f"""
+            activity_section()
+            + f"""
     [[activity_wasm]]
     name = "misplaced"
     location = "{location}"

@@ -79,10 +79,15 @@ class ServerProcess:
         self._listening = threading.Event()
         self._ready = False
         args = [
-            str(OBELISK), "server", "run",
-            "--deployment", str(deployment),
-            "--data-dir", str(data_dir),
-            "--api-listen", f"{host}:{self.port}",
+            str(OBELISK),
+            "server",
+            "run",
+            "--deployment",
+            str(deployment),
+            "--data-dir",
+            str(data_dir),
+            "--api-listen",
+            f"{host}:{self.port}",
             "--allow-unauthenticated-api",
             *(extra_args or []),
         ]

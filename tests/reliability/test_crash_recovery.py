@@ -152,9 +152,7 @@ def test_sigkill_with_executions_in_flight_loses_nothing(
     t_restarted = time.monotonic()
     retry_outcome = submit_all([(second.url, by_id[e]) for e in sorted(unacknowledged)])
     assert retry_outcome.acknowledged == unacknowledged, retry_outcome.failed
-    wait_until(
-        lambda: count_states(db)["finished"] == N, 60, "every execution to finish", 0.05
-    )
+    wait_until(lambda: count_states(db)["finished"] == N, 60, "every execution to finish", 0.05)
     t_done = time.monotonic()
     assert second.stop() == 0, second.output()
     assert not second.error_lines(), second.output()

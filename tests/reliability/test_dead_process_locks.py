@@ -208,9 +208,7 @@ def test_a_restarted_server_releases_what_the_killed_one_held_at_once(
     submit(first.url, work, "testing:dead/workflows.work", [1500])
     # The order waits in memory for its stub child; the work's child is running.
     wait_until(lambda: db.state(order) == "blocked_by_join_set", 30, "the order to block")
-    wait_until(
-        lambda: (c := db.child(work)) is not None and db.state(c) == "locked", 30, "spin"
-    )
+    wait_until(lambda: (c := db.child(work)) is not None and db.state(c) == "locked", 30, "spin")
     spin = db.child(work)
     approval = db.child(order)
     assert spin is not None and approval is not None
@@ -223,9 +221,7 @@ def test_a_restarted_server_releases_what_the_killed_one_held_at_once(
     second.wait_ready()
     stub(second.url, approval, {"ok": True})
     # Without the leases, both would wait an hour for the dead locks to expire.
-    wait_until(
-        lambda: db.state(order) == db.state(work) == "finished", 60, "both to finish", 0.05
-    )
+    wait_until(lambda: db.state(order) == db.state(work) == "finished", 60, "both to finish", 0.05)
     wait_until(lambda: not dead_leases & db.leases(), 30, "dead leases forgotten")
     assert second.stop() == 0, second.output()
     assert not second.error_lines(), second.output()

@@ -149,8 +149,9 @@ def hosts(n: int) -> Iterator[tuple[list[Host], str]]:
             made.clear()
         reason = e.stderr.strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
         plain = [Host(f"process-{k}", [], "127.0.0.1", "127.0.0.1") for k in range(n)]
-        yield plain, (
-            f"plain processes on loopback: network namespaces could not be made ({reason})"
+        yield (
+            plain,
+            (f"plain processes on loopback: network namespaces could not be made ({reason})"),
         )
     finally:
         for ns in made:  # deleting a namespace deletes its veth pair
@@ -165,9 +166,10 @@ def hosts(n: int) -> Iterator[tuple[list[Host], str]]:
 async def _states(dsn: str) -> dict[str, int]:
     conn = await asyncpg.connect(dsn)
     try:
-        return {r[0]: int(r[1]) for r in await conn.fetch(
-            "SELECT state, count(*) FROM executions GROUP BY state"
-        )}
+        return {
+            r[0]: int(r[1])
+            for r in await conn.fetch("SELECT state, count(*) FROM executions GROUP BY state")
+        }
     except asyncpg.UndefinedTableError:
         return {}
     finally:
@@ -201,12 +203,7 @@ async def _locks_held(dsn: str, executor_ids: set[str]) -> int:
 async def _load(dsn: str) -> dict[str, ExecutionLog]:
     storage = await PostgresStorage.open(dsn)
     try:
-        ids = [
-            r.execution_id
-            for r in await storage.list_executions(
-                ListFilter(limit=100000)
-            )
-        ]
+        ids = [r.execution_id for r in await storage.list_executions(ListFilter(limit=100000))]
         logs = {}
         for eid in ids:
             logs[eid] = ExecutionLog(
@@ -296,8 +293,10 @@ def run(
     victim_executors = executor_ids(victim)
     assert len(victim_executors) == 3, victim.output()
     wait_until(
-        lambda: states(admin).get("finished", 0) >= total // 4
-        and asyncio.run(_locks_held(admin, victim_executors)) > 0,
+        lambda: (
+            states(admin).get("finished", 0) >= total // 4
+            and asyncio.run(_locks_held(admin, victim_executors)) > 0
+        ),
         60,
         "a quarter finished, with the victim holding locks",
         0.05,

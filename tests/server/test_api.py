@@ -175,30 +175,39 @@ async def test_submit_with_execution_id_is_idempotent(client: TestClient[Any, An
         (b"[1, 2]", 400, "must be a JSON object"),
         (b'{"params": []}', 400, "`ffqn` is missing"),
         (b'{"ffqn": 42}', 400, "`ffqn` is missing or not a string"),
-        (b'{"ffqn": "' + APPROVE.encode() + b'", "params": {"order": "x"}}', 400,
-         "must be a JSON array"),
-        (b'{"ffqn": "' + APPROVE.encode() + b'", "params": ["x"], "prams": 1}', 400,
-         "unknown field(s) prams"),
+        (
+            b'{"ffqn": "' + APPROVE.encode() + b'", "params": {"order": "x"}}',
+            400,
+            "must be a JSON array",
+        ),
+        (
+            b'{"ffqn": "' + APPROVE.encode() + b'", "params": ["x"], "prams": 1}',
+            400,
+            "unknown field(s) prams",
+        ),
         (b'{"ffqn": "' + APPROVE.encode() + b'", "params": [42]}', 400, "params[0] (order)"),
         (b'{"ffqn": "' + APPROVE.encode() + b'", "params": []}', 400, "takes 1 parameter"),
         (b'{"ffqn": "' + APPROVE.encode() + b'", "params": ["a", "b"]}', 400, "got 2"),
         (b'{"ffqn": "' + COUNT.encode() + b'", "params": [1, ["a", 2]]}', 400, "tags"),
         (b'{"ffqn": "' + COUNT.encode() + b'", "params": [-1, []]}', 400, "(n)"),
-        (b'{"ffqn": "' + APPROVE.encode() + b'", "params": ["x"], "execution_id": "E_nope"}',
-         400, "invalid execution id"),
-        (b'{"ffqn": "' + APPROVE.encode() + b'", "params": ["x"], "execution_id": 7}', 400,
-         "`execution_id` must be a string"),
-        (b'{"ffqn": "myapp:demo/approval.nope", "params": []}', 404,
-         "myapp:demo/approval.nope"),
+        (
+            b'{"ffqn": "' + APPROVE.encode() + b'", "params": ["x"], "execution_id": "E_nope"}',
+            400,
+            "invalid execution id",
+        ),
+        (
+            b'{"ffqn": "' + APPROVE.encode() + b'", "params": ["x"], "execution_id": 7}',
+            400,
+            "`execution_id` must be a string",
+        ),
+        (b'{"ffqn": "myapp:demo/approval.nope", "params": []}', 404, "myapp:demo/approval.nope"),
         (b'{"ffqn": "not an ffqn", "params": []}', 404, "not exported"),
     ],
 )
 async def test_submit_bad_input(
     client: TestClient[Any, Any], body: bytes, status: int, fragment: str
 ) -> None:
-    r = await client.post(
-        "/v1/executions", data=body, headers={"Content-Type": "application/json"}
-    )
+    r = await client.post("/v1/executions", data=body, headers={"Content-Type": "application/json"})
     await expect_error(r, status, fragment)
     listed = await (await client.get("/v1/executions")).json()
     assert listed == [], "a rejected submission must not create anything"
@@ -324,9 +333,7 @@ async def test_responses(client: TestClient[Any, Any]) -> None:
     r = await client.get(f"/v1/executions/{eid}/responses")
     assert r.status == 200
     assert await r.json() == []
-    await expect_error(
-        await client.get(f"/v1/executions/{eid}/responses?after=-2"), 400, "after"
-    )
+    await expect_error(await client.get(f"/v1/executions/{eid}/responses?after=-2"), 400, "after")
 
 
 async def test_logs(client: TestClient[Any, Any], engine: Engine) -> None:
@@ -493,9 +500,18 @@ async def test_list_filters_and_paging(client: TestClient[Any, Any]) -> None:
 
     rows = await (await client.get("/v1/executions?limit=1")).json()
     assert set(rows[0]) == {
-        "execution_id", "ffqn", "component_type", "state", "created_at", "updated_at",
-        "next_version", "parent_id", "scheduled_at", "lock_expires_at",
-        "temporary_event_count", "result",
+        "execution_id",
+        "ffqn",
+        "component_type",
+        "state",
+        "created_at",
+        "updated_at",
+        "next_version",
+        "parent_id",
+        "scheduled_at",
+        "lock_expires_at",
+        "temporary_event_count",
+        "result",
     }
 
     for query, fragment in [
@@ -594,7 +610,9 @@ async def test_unknown_endpoint_and_method(client: TestClient[Any, Any]) -> None
 
 
 async def test_unexpected_error_is_500_without_traceback(
-    client: TestClient[Any, Any], engine: Engine, monkeypatch: pytest.MonkeyPatch,
+    client: TestClient[Any, Any],
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def broken(execution_id: str) -> None:
@@ -806,8 +824,12 @@ async def test_stats(client: TestClient[Any, Any]) -> None:
     await client.put(f"/v1/executions/{eid}/pause")
     by_state = (await (await client.get("/v1/stats")).json())["by_state"]
     assert by_state == {
-        "pending_at": 1, "locked": 0, "blocked_by_join_set": 0, "paused": 1,
-        "cancelling": 0, "finished": 0,
+        "pending_at": 1,
+        "locked": 0,
+        "blocked_by_join_set": 0,
+        "paused": 1,
+        "cancelling": 0,
+        "finished": 0,
     }
 
 
@@ -870,9 +892,13 @@ async def test_a_stopping_server_does_not_wait_for_long_polls(tmp_path: Path) ->
 
     from engine.server.run import start_server
 
-    server = await start_server(write_deployment(tmp_path), tmp_path / "data", "127.0.0.1", 0, TOKEN)
+    server = await start_server(
+        write_deployment(tmp_path), tmp_path / "data", "127.0.0.1", 0, TOKEN
+    )
     async with aiohttp.ClientSession(headers=AUTH) as session:
-        r = await session.post(f"{server.url}/v1/executions", json={"ffqn": APPROVE, "params": ["x"]})
+        r = await session.post(
+            f"{server.url}/v1/executions", json={"ffqn": APPROVE, "params": ["x"]}
+        )
         eid = (await r.json())["execution_id"]
         follow = asyncio.ensure_future(
             session.get(f"{server.url}/v1/executions/{eid}?follow=true&timeout=600")

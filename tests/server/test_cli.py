@@ -225,8 +225,14 @@ def test_pause_unpause_cancel_stub(cli: Cli) -> None:
     code, out, _ = cli("execution", "result", other)
     assert code == 1
     assert out.startswith("execution failure (cancelled)")
-    info = json.loads(cli.ok("execution", "pause", cli.ok(
-        "execution", "submit", APPROVE, '["o-j"]').strip(), "--json"))
+    info = json.loads(
+        cli.ok(
+            "execution",
+            "pause",
+            cli.ok("execution", "submit", APPROVE, '["o-j"]').strip(),
+            "--json",
+        )
+    )
     assert info["state"]["type"] == "paused"
 
 
@@ -359,9 +365,7 @@ def test_usage_errors(cli: Cli) -> None:
     assert "RESULT must be" in cli.fails(2, "execution", "stub", "E_x", '{"maybe": 1}')
     assert "RESULT is not valid JSON" in cli.fails(2, "execution", "stub", "E_x", "ok")
     assert "NaN is not a JSON number" in cli.fails(2, "execution", "submit", APPROVE, "[NaN]")
-    assert "surrogates not allowed" in cli.fails(
-        2, "execution", "submit", APPROVE, '["\\ud800"]'
-    )
+    assert "surrogates not allowed" in cli.fails(2, "execution", "submit", APPROVE, '["\\ud800"]')
     assert "--api-url 'localhost:5005' is not an http(s) URL" in cli.fails(
         2, "--api-url", "localhost:5005", "execution", "list"
     )
@@ -531,8 +535,14 @@ def test_server_run_token_from_environment_and_sigterm(tmp_path: Path) -> None:
     deployment = write_deployment(tmp_path)
     port = _free_port()
     server = ServerProcess(
-        ["--deployment", str(deployment), "--data-dir", str(tmp_path / "d"),
-         "--api-listen", f"127.0.0.1:{port}"],
+        [
+            "--deployment",
+            str(deployment),
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--api-listen",
+            f"127.0.0.1:{port}",
+        ],
         _env(OBELISK_API_TOKEN="from-env-token"),
         tmp_path,
     )
@@ -555,7 +565,11 @@ def test_server_run_token_from_environment_and_sigterm(tmp_path: Path) -> None:
 def _run_fails(args: list[str], cwd: Path, code: int = 1) -> str:
     proc = subprocess.run(
         [*_obelisk(), "server", "run", *args],
-        capture_output=True, text=True, env=_env(), cwd=cwd, timeout=60,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=cwd,
+        timeout=60,
     )
     assert proc.returncode == code, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()

@@ -473,9 +473,7 @@ async def test_a_lingered_transaction_that_breaks_the_savepoint_is_retried_not_l
         def taken(self, execution: Any) -> None:
             if not self.handed:  # a retry hands the lock over again: once is enough
                 reply = sqlite_backend._CallbackReply(
-                    lambda ok, value: loop.call_soon_threadsafe(
-                        vandal_done.set_result, (ok, value)
-                    )
+                    lambda ok, value: loop.call_soon_threadsafe(vandal_done.set_result, (ok, value))
                 )
                 assert storage._writer is not None
                 storage._writer.put(sqlite_backend._Tx(vandal, None, 0, reply))
@@ -586,8 +584,12 @@ async def test_a_write_that_depends_on_a_failed_transaction_is_refused(
         with pytest.raises(Conflict, match="not committed"):
             await _in_thread(
                 lambda: storage.append_from_thread(
-                    le.execution_id, le.next_version, [ev.Finished(ev.ResultOk())], at(2),
-                    None, inbox,
+                    le.execution_id,
+                    le.next_version,
+                    [ev.Finished(ev.ResultOk())],
+                    at(2),
+                    None,
+                    inbox,
                 )
             )
     finally:

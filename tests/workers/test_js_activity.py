@@ -663,14 +663,15 @@ def test_fast_path_is_active_and_equivalent(
     monkeypatch.setattr(js_activity, "USE_SNAPSHOT", snapshot)
     logs: list[LogLine] = []
     out = run(
-        EQUIVALENCE, [server, 100], allowed_hosts=[server], env_vars={"GREETING": "hej"},
+        EQUIVALENCE,
+        [server, 100],
+        allowed_hosts=[server],
+        env_vars={"GREETING": "hej"},
         logs=logs,
     )
     assert seen and all(a == accelerate for a in seen)
     assert restored and all(r == snapshot for r in restored)  # the prelude's heap image
-    assert out == RunOk(
-        [4950, "hi", 200, 2**60, "é ✓ \x00", {"nested": [1, None, True]}, "hej"]
-    )
+    assert out == RunOk([4950, "hi", 200, 2**60, "é ✓ \x00", {"nested": [1, None, True]}, "hej"])
     assert [line.message for line in logs] == ["start 100"]
 
 
