@@ -329,3 +329,22 @@ def test_parse_never_crashes_otherwise(text: str) -> None:
         pass
     else:
         assert str(d) == text
+
+
+def test_new_ulids_are_valid_unique_and_time_ordered() -> None:
+    import time
+
+    from ulid import ULID
+
+    from engine.core.ids import new_ulid
+
+    before = int(time.time() * 1000)
+    ids = [new_ulid() for _ in range(10_000)]
+    after = int(time.time() * 1000)
+    assert len(set(ids)) == len(ids)
+    for text in ids[:100]:
+        assert ExecutionId.parse(f"E_{text}").ulid == text
+        assert before <= ULID.from_str(text).milliseconds <= after
+    # Later milliseconds sort later (the random part orders ids within one).
+    first, second = new_ulid(), (time.sleep(0.002), new_ulid())[1]
+    assert first < second
