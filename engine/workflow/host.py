@@ -974,6 +974,8 @@ class ReplayHost:
                 while page := self._sync(self.storage.get_logs(self.execution_id, after)):
                     self._stored_lines.update((x.level, x.message) for x in page)
                     after = page[-1].id
+            except RunAborted:
+                raise  # the run is over (a lost lock): nothing to log any more
             except Exception as e:  # store rather than lose a line
                 log.debug("workflow %s: cannot read its logs: %s", self.execution_id, e)
         key = (level, message)

@@ -114,6 +114,10 @@ class DryRunHost(ReplayHost):
     def _cancel_member(self, member: str, js: Any) -> None:
         raise self._abort(self.COMPATIBLE, "the new code closes a join set past the history")
 
+    def log(self, level: str, message: str) -> None:
+        """A dry run stores no logs (and must not read the stored ones: a read is what
+        only a run past its history does)."""
+
 
 def check_compatible(runner: Any, host: DryRunHost, params: list[Any]) -> tuple[bool, str]:
     """On a worker thread: replay against the new code. (compatible, reason if not)."""

@@ -485,6 +485,43 @@ async def test_incompatible_workflow_upgrade_finishes_on_the_old_code(
     assert all(e.component.component_id.digest != old_digest for e in engine.executors)
 
 
+ORDER_V1_LOGGING = ORDER_V1.replace(
+    "  const answer = approve(id);", '  console.log("ordering", id);\n  const answer = approve(id);'
+)
+
+
+@pytest.mark.parametrize("while_stopped", [False, True], ids=["reload", "edited-while-stopped"])
+async def test_logging_before_the_history_does_not_pass_a_bad_upgrade(
+    start_engine: StartEngine, tmp_path: Path, while_stopped: bool
+) -> None:
+    """A log line replayed before the recorded steps is no reason to stop the check."""
+    assert ORDER_V1_LOGGING != ORDER_V1
+    engine = await start_engine(workflow_toml(), files={"order.js": ORDER_V1_LOGGING})
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+    incompatible = ORDER_V2_INCOMPATIBLE.replace(
+        "  const answer", '  console.log("ordering", id);\n  const answer'
+    )
+    if while_stopped:
+        await engine.stop()
+        write(tmp_path / "order.js", incompatible)
+        engine = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
+    else:
+        status = await edit_and_wait(engine, tmp_path / "order.js", incompatible, changed("order"))
+        assert [u.outcome for u in status.upgrades] == ["failed"]
+    try:
+        await engine.stub(child, {"ok": "yes"})
+        assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
+        [upgrade] = upgrade_events(await engine.storage.get_events(eid))
+        assert isinstance(upgrade.outcome, ev.UpgradeFailed)
+        assert '["o-1!"]' in upgrade.outcome.reason
+        logs = [x.message for x in await engine.storage.get_logs(eid)]
+        assert logs == ["ordering o-1"]  # stored once, by the run that wrote it
+    finally:
+        if while_stopped:
+            await engine.stop()
+
+
 async def test_changed_param_types_are_an_incompatible_upgrade(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
