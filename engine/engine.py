@@ -202,6 +202,11 @@ class Engine:
         """The last reload attempt (or the start): ok or the error, changes, upgrades."""
         return self.reloader.status()
 
+    async def reload_status_now(self) -> ReloadStatus:
+        """`reload_status()`, with its `pinned` versions and `orphaned` functions counted
+        now (their executions finish after the reload that reported them)."""
+        return await self.reloader.current_status()
+
     def reload_events(self) -> ReloadSubscription:
         """Every later reload status, as an async iterator (subscribed from this call)."""
         return self.reloader.subscribe()

@@ -350,6 +350,16 @@ class ReloadManager:
     def status(self) -> ReloadStatus:
         return self._status
 
+    async def current_status(self) -> ReloadStatus:
+        """The last status, with `pinned` and `orphaned` counted now."""
+        status = self._status
+        pinned = await self._pinned_summary()
+        orphaned = status.orphaned
+        if orphaned:
+            ffqns = [o.ffqn for o in orphaned]
+            orphaned = await self._orphaned(self.engine.registry, ffqns, warn=False)
+        return msgspec.structs.replace(status, pinned=pinned, orphaned=orphaned)
+
     def subscribe(self) -> ReloadSubscription:
         return ReloadSubscription(self)
 
@@ -372,6 +382,7 @@ class ReloadManager:
                 async with self._lock:
                     upgrades = await self._reconcile_pinned()
                     await self._revive_pinned(self.engine.registry)
+                    await self._retire_pinned()
             except StorageError as e:
                 log.error("checking pinned executions at start: %s", e)
         pinned = await self._pinned_summary()
@@ -621,7 +632,7 @@ class ReloadManager:
                     self._pinned[digest] = executor
 
     async def _orphaned(
-        self, registry: Registry, ffqns: Iterable[str] | None
+        self, registry: Registry, ffqns: Iterable[str] | None, *, warn: bool = True
     ) -> list[OrphanedFunction]:
         """Unfinished executions of `ffqns` (None: of any function) that `registry` does
         not export, by function; logged as a warning."""
@@ -638,13 +649,14 @@ class ReloadManager:
             if row.ffqn not in registry.functions:
                 counts[row.ffqn] = counts.get(row.ffqn, 0) + 1
         out = [OrphanedFunction(f, n) for f, n in sorted(counts.items())]
-        for o in out:
-            log.warning(
-                "%d unfinished execution(s) of %s, which no deployed component exports: "
-                "they wait until a deployment exports it again",
-                o.executions,
-                o.ffqn,
-            )
+        if warn:
+            for o in out:
+                log.warning(
+                    "%d unfinished execution(s) of %s, which no deployed component exports: "
+                    "they wait until a deployment exports it again",
+                    o.executions,
+                    o.ffqn,
+                )
         return out
 
     async def _pinned_counts(self) -> dict[str, int]:
@@ -670,17 +682,40 @@ class ReloadManager:
         return out
 
     async def _retire_pinned(self) -> None:
-        """Stop old versions that no unfinished execution is pinned to any more."""
+        """Stop old versions that no unfinished execution is pinned to any more, and
+        those whose function no deployed workflow exports (their executions wait, like
+        every execution of a removed function); keep checking while any runs."""
         if not self._pinned:
             return
-        counts = await self._pinned_counts()
-        done = [d for d in self._pinned if counts.get(d, 0) == 0]
-        if done:
-            await self._retire(done)
-            for digest in done:
-                log.info("old workflow version %s retired: its executions finished", digest)
+        await self._retire_unused()
         if self._pinned and (self._retire_task is None or self._retire_task.done()):
             self._retire_task = asyncio.create_task(self._retire_loop(), name="retire old versions")
+
+    async def _retire_unused(self) -> None:
+        registry = self.engine.registry
+        removed = [
+            d
+            for d, executor in self._pinned.items()
+            if not any(
+                (target := registry.functions.get(ffqn)) is not None
+                and target[1].config.is_workflow
+                for ffqn in executor.component.ffqns
+            )
+        ]
+        counts = await self._pinned_counts()
+        unused = [d for d in self._pinned if counts.get(d, 0) == 0 and d not in removed]
+        if removed or unused:
+            await self._retire(removed + unused)
+        for digest in removed:
+            log.warning(
+                "old workflow version %s stopped: no deployed workflow exports its function; "
+                "the executions pinned to it wait until one does",
+                digest,
+            )
+        for digest in unused:
+            log.info(
+                "old workflow version %s retired: no unfinished execution is pinned to it", digest
+            )
 
     async def _retire(self, digests: list[str]) -> None:
         # Out of `pinned_executors` only once stopped and out of `engine.executors`.
@@ -695,10 +730,7 @@ class ReloadManager:
                 async with self._lock:
                     if not self._pinned:
                         return
-                    counts = await self._pinned_counts()
-                    done = [d for d in self._pinned if counts.get(d, 0) == 0]
-                    if done:
-                        await self._retire(done)
+                    await self._retire_unused()
             except StorageError as e:
                 log.error("checking old workflow versions: %s", e)
 

@@ -225,7 +225,7 @@ class EmbeddedBackend:
     async def deployment(self) -> DeploymentInfo:
         from engine.server.api import deployment_info
 
-        return deployment_info(self.engine)
+        return await deployment_info(self.engine)
 
     async def wait_reload(self, after_generation: int, timeout: float) -> DeploymentInfo:
         await self.engine.wait_reload(after_generation, timeout)

@@ -349,11 +349,12 @@ def component_source_info(source: ComponentSource) -> ComponentSourceInfo:
     return {"digest": source.digest, "file": source.file, "source": source.source}
 
 
-def deployment_info(engine: Engine) -> DeploymentInfo:
+async def deployment_info(engine: Engine) -> DeploymentInfo:
+    status = await engine.reload_status_now()
     return {
         "deployment_id": engine.deployment_id,
         "components": component_infos(engine),
-        "reload": engine.reload_status().to_json(),
+        "reload": status.to_json(),
     }
 
 
@@ -609,7 +610,7 @@ async def _deployment(request: web.Request) -> web.Response:
     if after is not None:  # long poll for the next reload
         timeout = min(_float_query(request, "timeout") or 25.0, MAX_WAIT_SECONDS)
         await engine.wait_reload(after, timeout)
-    return _json(deployment_info(engine))
+    return _json(await deployment_info(engine))
 
 
 async def _component_source(request: web.Request) -> web.Response:

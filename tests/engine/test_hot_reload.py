@@ -522,6 +522,32 @@ async def test_logging_before_the_history_does_not_pass_a_bad_upgrade(
             await engine.stop()
 
 
+async def test_removing_a_workflow_stops_its_pinned_version_too(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(workflow_toml(), files={"order.js": ORDER_V1})
+    old_digest = engine.registry.function(ORDER)[1].component_id.digest
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+    await edit_and_wait(engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order"))
+    assert set(engine.reloader.pinned_executors) == {old_digest}
+    without_workflow = workflow_toml().split("[[workflow_js]]")[0]
+    status = await edit_and_wait(
+        engine, tmp_path / "deployment.toml", without_workflow, changed("order")
+    )
+    assert status.orphaned == [OrphanedFunction(ORDER, 1)]
+    assert engine.reloader.pinned_executors == {}
+    assert [(p.digest, p.running) for p in status.pinned] == [(old_digest, False)]
+    await engine.stub(child, {"ok": "yes"})
+    with pytest.raises(TimeoutError):  # waits, like every execution of a removed function
+        await engine.result(eid, timeout=0.5)
+    # Back (with version 2): version 1 runs it again.
+    status = await edit_and_wait(
+        engine, tmp_path / "deployment.toml", workflow_toml(), changed("order")
+    )
+    assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
+
+
 async def test_changed_param_types_are_an_incompatible_upgrade(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
@@ -603,6 +629,13 @@ async def test_pinned_execution_finishes_on_its_version_after_a_restart(
         # New executions run version 2 meanwhile.
         await again.stub(await blocked_child(again, fresh), {"ok": "no"})
         assert await again.result(fresh, timeout=10) == ev.ResultOk("v2 no")
+        # The rebuilt version is retired once nothing is pinned to it, and the status
+        # read now says so.
+        async with asyncio.timeout(10):
+            while again.reloader.pinned_executors:
+                await asyncio.sleep(0.05)
+        assert (await again.reload_status_now()).pinned == []
+        assert again.reload_status().pinned != []  # what the start reported
     finally:
         await again.stop()
 

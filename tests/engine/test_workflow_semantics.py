@@ -599,7 +599,7 @@ async def test_schedule_creates_top_level_executions(start_engine: StartEngine) 
 
 
 # ---------------------------------------------------------------------------
-# nondeterminism after an edit, crash/restart replay
+# nondeterminism after an edit (an upgrade check), crash/restart replay
 # ---------------------------------------------------------------------------
 
 EDIT_JS = """
@@ -627,7 +627,12 @@ async def start_edit_engine(start_engine: StartEngine, source: str) -> Engine:
 async def test_an_incompatible_edit_is_detected_as_nondeterminism(
     start_engine: StartEngine, edit: str
 ) -> None:
+    """Edited while the engine was stopped: the replay of the log against the new code
+    finds the mismatch (SPEC §7.1, the detail names the version and both sides); as an
+    upgrade check it is `component_upgrade_finished{failed}` (SPEC §9.3), and the
+    execution finishes on the code that wrote its history instead of failing."""
     engine = await start_edit_engine(start_engine, EDIT_JS)
+    old_digest = engine.registry.function(ffqn_of("edited"))[1].component_id.digest
     eid = await engine.submit(ffqn_of("edited"), [])
     child = await child_of(engine, eid, "myapp:demo/stubs.answer")
     await wait_state(engine, eid, "blocked_by_join_set")
@@ -636,16 +641,17 @@ async def test_an_incompatible_edit_is_detected_as_nondeterminism(
     source = source.replace("const a =", 'console.warn("new code");\n  const a =')
     engine = await start_edit_engine(start_engine, source)
     await engine.stub(child, {"ok": "x"})
-    result = await engine.result(eid, timeout=20)
-    assert isinstance(result, ev.ExecutionFailure), result
-    assert result.kind == "nondeterminism_detected"
-    assert "version" in result.detail
-    assert old_side in result.detail and new_side in result.detail
+    assert await engine.result(eid, timeout=20) == ev.ResultOk("1-x")  # the old code's
     events = await checked_log(engine, eid)
-    # Nothing was written by the new code before the mismatch was found, but its logs
-    # up to there are kept.
+    [upgrade] = [e.event for e in events if isinstance(e.event, ev.ComponentUpgradeFinished)]
+    assert isinstance(upgrade.outcome, ev.UpgradeFailed)
+    reason = upgrade.outcome.reason
+    assert "version" in reason and old_side in reason and new_side in reason, reason
+    locks = [e.event for e in events if isinstance(e.event, ev.Locked)]
+    assert locks[-1].component_id.digest == old_digest
+    # The new code wrote nothing (its check stores no logs either).
     assert len(child_requests(events)) == 2
-    assert [line.message for line in await engine.storage.get_logs(eid)] == ["new code"]
+    assert "new code" not in [line.message for line in await engine.storage.get_logs(eid)]
 
 
 async def test_an_edit_adding_console_logs_replays_fine(start_engine: StartEngine) -> None:
