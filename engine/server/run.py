@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,9 +108,16 @@ async def start_server(
     Raises DeploymentError / StorageError from the engine, OSError when the address
     cannot be bound (the engine is stopped again then).
     """
-    engine = await Engine.start(
-        deployment, data_dir, database_url=database_url, cpu_affinity=cpu_affinity
-    )
+    # Bound first: a busy address fails before the engine touches the data dir (and
+    # before its executors run anything).
+    sock = _listening_socket(host, port)
+    try:
+        engine = await Engine.start(
+            deployment, data_dir, database_url=database_url, cpu_affinity=cpu_affinity
+        )
+    except BaseException:
+        sock.close()
+        raise
     # Long polls (`?follow=true`, `/v1/changes`, the deployment) never finish on their
     # own: a stop gives requests in flight a moment, then cancels them.
     runner = web.AppRunner(
@@ -120,9 +128,10 @@ async def start_server(
     )
     try:
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.SockSite(runner, sock)
         await site.start()
     except BaseException:
+        sock.close()
         await runner.cleanup()
         await engine.stop()
         raise
@@ -132,6 +141,15 @@ async def start_server(
             bound_port = int(address[1])
             break
     return RunningServer(engine, runner, host, bound_port)
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: any free one) and listening."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family = infos[0][0] if infos else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=128)
+    sock.setblocking(False)
+    return sock
 
 
 def _print_components(server: RunningServer, out: TextIO) -> None:
@@ -157,11 +175,9 @@ async def _serve(
     database: DatabaseChoice,
     cpu_affinity: affinity.Mode,
 ) -> int:
-    print(
-        f"Starting the engine: {deployment} (the first start compiles components)…",
-        file=out,
-        flush=True,
-    )
+    first = not any((data_dir / "cache").glob("*.cwasm"))  # nothing compiled yet
+    note = " (the first start compiles components)" if first else ""
+    print(f"Starting the engine: {deployment}{note}…", file=out, flush=True)
     try:
         server = await start_server(
             deployment, data_dir, host, port, token, database.url, cpu_affinity

@@ -588,6 +588,8 @@ def test_server_run_port_in_use(tmp_path: Path) -> None:
             ["--deployment", str(deployment), "--api-listen", f"127.0.0.1:{port}"], tmp_path
         )
     assert line == f"error: cannot listen on http://127.0.0.1:{port}: address already in use"
+    # Refused before the engine started: no database was opened, nothing ran.
+    assert list(tmp_path.rglob("obelisk.sqlite")) == []
 
 
 @pytest.mark.parametrize(
