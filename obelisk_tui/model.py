@@ -122,6 +122,8 @@ def refusal(action: str, info: ExecutionInfo) -> str | None:
     state = info["state"]
     name = state_name(state)
     eid = info["execution_id"]
+    if action == "stub" and info["component_type"] != "activity_stub":
+        return f"{eid} is not a stub activity: only activity_stub executions are stubbed"
     if name == "finished":
         return f"{eid} is finished"
     layers = overlays(state)
@@ -136,8 +138,6 @@ def refusal(action: str, info: ExecutionInfo) -> str | None:
     if action == "unpause":
         return None if "paused" in layers else f"{eid} is not paused"
     if action == "stub":
-        if info["component_type"] != "activity_stub":
-            return f"{eid} is not a stub activity: only activity_stub executions are stubbed"
         return None
     if action == "cancel":
         if "cancelling" in layers:

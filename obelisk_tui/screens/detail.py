@@ -176,10 +176,11 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         if info is None:
             return
         label, colour = model.state_label(info)
-        title = Text()
-        title.append(f" {info['execution_id']}", "bold")
-        title.append(f"  {info['ffqn']}  ")
+        # The state first: on a narrow terminal the line is cut at its end.
+        title = Text(no_wrap=True, overflow="ellipsis")
         title.append(f" {label} ", f"bold black on {colour}")
+        title.append(f" {info['execution_id']}", "bold")
+        title.append(f"  {info['ffqn']}")
         if info["parent_id"]:
             title.append(f"   parent {info['parent_id']} (P)", "dim")
         self.query_one("#detail-title", Static).update(title)

@@ -185,8 +185,10 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "filter" and self.is_mounted:
-            # Typing in the filter box: `/` is text (`ffqn:myapp:demo/`).
-            return not self.query_one("#filter", Input).has_focus
+            # Typing in the filter box: `/` is text (`ffqn:myapp:demo/`). (`focused`, not
+            # `has_focus`: that one changes only when the box handles its Focus event,
+            # after the keys typed with the `/` that opened it.)
+            return self.focused is not self.query_one("#filter", Input)
         if action in ("act", "stub"):
             if not self.is_mounted:
                 return True

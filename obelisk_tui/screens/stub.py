@@ -17,6 +17,9 @@ from engine.client import ApiError, ExecutionInfo
 from obelisk_tui import model
 from obelisk_tui.screens.base import ObeliskScreenMixin
 
+#: The return value shown until the function's return type is known.
+PLACEHOLDER = '{"ok": null}'
+
 
 class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
     """Dismissed with True once the stub was written."""
@@ -37,7 +40,7 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
             yield Label(f"Stub {self.info['execution_id']}", id="stub-title")
             yield Static(self.info["ffqn"], id="stub-signature")
             yield Label('return value ({"ok": …} or {"err": …}):')
-            yield TextArea('{"ok": null}', language="json", id="stub-value")
+            yield TextArea(PLACEHOLDER, language="json", id="stub-value")
             yield Static(id="stub-error")
             with Horizontal(id="stub-buttons"):
                 yield Button("Stub (ctrl+s)", variant="primary", id="do-stub")
@@ -64,7 +67,9 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
             signature.append(" -> ")
             signature.append(self.return_type, "#b5bd68")
         self.query_one("#stub-signature", Static).update(signature)
-        self.query_one(TextArea).text = model.stub_template(self.return_type)
+        area = self.query_one(TextArea)
+        if area.text == PLACEHOLDER:  # not what was typed meanwhile
+            area.text = model.stub_template(self.return_type)
         self._check()
 
     @on(TextArea.Changed)

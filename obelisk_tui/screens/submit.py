@@ -89,7 +89,7 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
         self.functions = sorted(
             (f for c in deployment["components"] for f in c["exports"]), key=lambda f: f["ffqn"]
         )
-        self._fill("")
+        self._fill(self.query_one("#function-filter", Input).value)  # typed meanwhile
         if self.preselect:
             self._choose(self.preselect)
         self.query_one("#function-filter", Input).focus()

@@ -17,8 +17,56 @@ ORDER = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", 
 
 #: Seconds of throughput history in the sparkline.
 HISTORY = 60
-#: Narrower than this, the bar shows the counts and the rate without the sparkline.
-SPARKLINE_MIN_WIDTH = 110
+#: Columns the rate and the sparkline take, beside the counts.
+RATE_WIDTH = 14
+SPARKLINE_WIDTH = 34  # 32 and its margins
+
+
+class PerSecond:
+    """Executions finished per second over the last HISTORY seconds (pure: no Textual).
+
+    `count(grown, at)` adds what finished since the previous count. Counts come when
+    the list refreshes: several a second while it is busy, none while it is idle or
+    hidden behind another screen; so what finished since the previous count is spread
+    evenly over the seconds in between rather than piled into the current one.
+    `advance(at)` (each second) closes the seconds that passed without a count."""
+
+    def __init__(self) -> None:
+        self.closed: deque[float] = deque([0.0] * HISTORY, maxlen=HISTORY)
+        self.second: int | None = None  # the open second, `current` counts in it
+        self.current = 0.0
+        self._counted: int | None = None  # the second of the previous count
+
+    def advance(self, at: float) -> None:
+        second = int(at)
+        if self.second is None:
+            self.second = second
+            return
+        for _ in range(min(HISTORY, max(0, second - self.second))):
+            self.closed.append(self.current)
+            self.current = 0.0
+        self.second = max(self.second, second)
+
+    def count(self, grown: int, at: float) -> None:
+        self.advance(at)
+        assert self.second is not None
+        # The seconds after the previous count's, up to this one (the open one).
+        span = 1 if self._counted is None else max(1, self.second - self._counted)
+        spread = min(span, HISTORY)
+        share = grown / spread
+        self.current += share
+        for i in range(1, spread):  # the closed ones among them
+            self.closed[-i] += share
+        self._counted = self.second
+
+    @property
+    def bars(self) -> list[float]:
+        return list(self.closed)
+
+    @property
+    def last_second(self) -> float:
+        """Finished in the last whole second."""
+        return self.closed[-1]
 
 
 class StateCounts(Horizontal):
@@ -31,69 +79,66 @@ class StateCounts(Horizontal):
 
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id)
-        #: Executions finished in each of the last HISTORY whole seconds, oldest first.
-        self._rates: deque[float] = deque([0.0] * HISTORY, maxlen=HISTORY)
-        self._last: tuple[float, int] | None = None  # (monotonic time, finished count)
-        self._second: int | None = None  # the second `_pending` counts for
-        self._pending = 0
-        self._compact = False
-        self._shown: tuple[dict[str, int], bool] | None = None  # (counts, frozen)
+        self.per_second = PerSecond()
+        self._finished: int | None = None  # the finished count last shown
+        self._shown: tuple[dict[str, int], bool] = ({}, False)  # (counts, frozen)
 
     def compose(self) -> ComposeResult:
         yield Static(id="counts")
-        yield Static(id="rate")
-        yield Sparkline(list(self._rates), summary_function=max, id="throughput")
+        yield Static(f"{0.0:7.1f} fin/s", id="rate")
+        yield Sparkline(self.per_second.bars, summary_function=max, id="throughput")
+
+    def on_mount(self) -> None:
+        self.set_interval(1.0, self.tick)
 
     def on_resize(self, event: events.Resize) -> None:
-        # The counts come first: on a narrow terminal the sparkline makes room for them,
-        # and they are written short.
-        wide = event.size.width >= SPARKLINE_MIN_WIDTH
-        self.query_one("#throughput", Sparkline).display = wide
-        if self._compact == wide:
-            self._compact = not wide
-            if self._shown is not None:
-                self.query_one("#counts", Static).update(
-                    counts_text(self._shown[0], frozen=self._shown[1], compact=self._compact)
-                )
+        self._layout()
+
+    def tick(self, at: float | None = None) -> None:
+        """Each second: the seconds that passed move the sparkline on."""
+        self.per_second.advance(time.monotonic() if at is None else at)
+        self._show_rate()
 
     def show(
         self, counts: dict[str, int], *, frozen: bool = False, at: float | None = None
     ) -> None:
-        """New counts. The finished count's growth since the last call is the rate shown,
-        and goes to the current second's bar of the sparkline (one bar per second,
-        however often this is called; seconds without a call are empty bars)."""
+        """New counts; the finished count's growth since the last call goes to the
+        sparkline (finished executions per second) and the rate beside it."""
         now = time.monotonic() if at is None else at
         finished = counts.get("finished", 0)
-        if self._last is not None and now > self._last[0]:
-            grown = max(0, finished - self._last[1])
-            rate = grown / (now - self._last[0])
-            self.query_one("#rate", Static).update(f"{rate:7.1f} fin/s")
-            if self._add(grown, int(now)):
-                self.query_one("#throughput", Sparkline).data = list(self._rates)
-        elif self._last is None:
-            self._second = int(now)
-        self._last = (now, finished)
+        if self._finished is None:
+            self.per_second.advance(now)
+        else:
+            self.per_second.count(max(0, finished - self._finished), now)
+        self._finished = finished
         self._shown = (counts, frozen)
-        self.query_one("#counts", Static).update(
-            counts_text(counts, frozen=frozen, compact=self._compact)
-        )
+        self._show_rate()
+        self._layout()
 
-    def _add(self, finished: int, second: int) -> bool:
-        """Count `finished` in `second`; True when whole seconds were completed."""
-        if self._second is None or second <= self._second:
-            self._second = second if self._second is None else self._second
-            self._pending += finished
-            return False
-        self._rates.append(float(self._pending))
-        for _ in range(min(HISTORY, second - self._second - 1)):
-            self._rates.append(0.0)
-        self._second, self._pending = second, finished
-        return True
+    def _show_rate(self) -> None:
+        if not self.is_mounted:
+            return
+        self.query_one("#rate", Static).update(f"{self.per_second.last_second:7.1f} fin/s")
+        self.query_one("#throughput", Sparkline).data = self.per_second.bars
 
-    @property
-    def per_second(self) -> list[float]:
-        """The sparkline's bars: finished executions per completed second, oldest first."""
-        return list(self._rates)
+    def _layout(self) -> None:
+        """The counts come first: written in full with the sparkline when both fit, else
+        without the sparkline, else short (with the sparkline if that fits)."""
+        if not self.is_mounted:
+            return
+        counts, frozen = self._shown
+        width = self.size.width
+        full = counts_text(counts, frozen=frozen)
+        short = counts_text(counts, frozen=frozen, compact=True)
+        sparkline = self.query_one("#throughput", Sparkline)
+        if width >= full.cell_len + RATE_WIDTH + SPARKLINE_WIDTH:
+            text, sparkline.display = full, True
+        elif width >= full.cell_len + RATE_WIDTH:
+            text, sparkline.display = full, False
+        else:
+            text = short
+            sparkline.display = width >= short.cell_len + RATE_WIDTH + SPARKLINE_WIDTH
+        self.query_one("#counts", Static).update(text)
 
 
 #: State names in the counts bar of a narrow terminal.

@@ -85,7 +85,7 @@ def render_state(
         else:
             head.append(" time travel ", "bold black on #f0c674")
         head.append(f"  at version {step.version} of {total}", "bold")
-        head.append("   [ ] step through versions", "dim")
+        head.append("   [ ] versions", "dim")
     head.append("   state now: ", "dim")
     head.append(label, f"bold {colour}")
     finished_as = None

@@ -134,6 +134,14 @@ async def test_keys_typed_right_after_slash_go_to_the_filter(console_engine: Eng
         assert box.value.endswith("qto"), (box.value, app.screen.focused)
         await pilot.press("slash", "x")  # in the box, `/` is text (`ffqn:myapp:demo/`)
         assert box.value.endswith("qto/x")
+        # A burst with a `/` inside: the box is focused by then, though its Focus event
+        # may not have been handled yet.
+        await pilot.press("escape")
+        await pilot.pause()
+        for key, char in [("slash", "/"), ("a", "a"), ("slash", "/"), ("b", "b")]:
+            app.post_message(events.Key(key, char))
+        await pilot.pause()
+        assert box.value.endswith("a/b"), box.value
 
 
 async def test_pause_unpause_and_refusals_from_the_list(console_engine: Engine) -> None:

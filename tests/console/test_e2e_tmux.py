@@ -356,7 +356,7 @@ def _run_session(tmux: Tmux) -> None:
         ),
     )
     detail_title = screen.splitlines()[1]
-    full_id = detail_title.split()[0]
+    full_id = next((w for w in detail_title.split() if w.startswith("E_")), "")  # after the state
     assert chosen.is_shown_id_of(full_id), f"opened {full_id}, wanted the row {chosen}\n{screen}"
     assert chosen.ffqn in detail_title, screen
     for box in ("PendingAt", "Locked", "BlockedByJoinSet", "Finished"):

@@ -103,6 +103,7 @@ FINISHED = {
         (PENDING, "activity_stub", "a:b/c.d", "stub", None),
         (PENDING, "activity_js", "a:b/c.d", "stub", "is not a stub activity"),
         (FINISHED, "activity_stub", "a:b/c.d", "stub", "is finished"),
+        (FINISHED, "workflow_js", "a:b/c.d", "stub", "is not a stub activity"),
     ],
 )
 def test_refusal(
@@ -398,30 +399,51 @@ async def test_steps_show_overlays_and_responses(console_engine: Engine) -> None
     assert last.edge == "response"
 
 
-async def test_throughput_sparkline_has_one_bar_per_second() -> None:
-    from textual.app import App, ComposeResult
+def test_per_second_counts_spread_what_finished_between_counts() -> None:
+    from obelisk_tui.widgets.state_counts import HISTORY, PerSecond
 
-    from obelisk_tui.widgets.state_counts import HISTORY, StateCounts
+    bars = PerSecond()
+    bars.advance(100.0)
+    # Counted several times in second 100 (10 in all), once in 101 (+5).
+    for grown, at in [(4, 100.2), (4, 100.5), (2, 100.9), (5, 101.5)]:
+        bars.count(grown, at)
+    bars.advance(102.0)
+    assert bars.bars[-2:] == [10.0, 5.0] and bars.last_second == 5.0
+    # Idle: the ticks close empty seconds, and the line moves on.
+    bars.advance(103.0)
+    bars.advance(104.0)
+    bars.count(0, 104.5)  # still shown: nothing finished
+    assert bars.bars[-4:] == [10.0, 5.0, 0.0, 0.0]
+    # Not counted for a while (the list was hidden): 8 finished over seconds 105..108,
+    # spread over them rather than piled into the last one.
+    for t in (105.0, 106.0, 107.0, 108.0):
+        bars.advance(t)
+    bars.count(8, 108.5)
+    bars.advance(109.0)
+    assert bars.bars[-5:] == [0.0, 2.0, 2.0, 2.0, 2.0]
+    assert len(bars.bars) == HISTORY
+
+
+async def test_throughput_sparkline_moves_each_second() -> None:
+    from textual.app import App, ComposeResult
+    from textual.widgets import Sparkline, Static
+
+    from obelisk_tui.widgets.state_counts import StateCounts
 
     class Host(App[None]):
         def compose(self) -> ComposeResult:
             yield StateCounts(id="counts")
 
-    async with Host().run_test() as pilot:
+    async with Host().run_test(size=(160, 5)) as pilot:
         bar = pilot.app.query_one(StateCounts)
-        # Four refreshes in second 100 (10 finished), one in 101 (+5), none in 102-103,
-        # then one in 104 (+2).
-        for at, finished in [
-            (100.0, 0),
-            (100.2, 4),
-            (100.5, 8),
-            (100.9, 10),
-            (101.5, 15),
-            (104.1, 17),
-        ]:
-            bar.show({"finished": finished}, at=at)
-        assert bar.per_second[-4:] == [10.0, 5.0, 0.0, 0.0]
-        assert len(bar.per_second) == HISTORY
+        bar.show({"finished": 0}, at=200.0)
+        bar.show({"finished": 6}, at=200.5)
+        bar.tick(at=201.0)
+        assert bar.query_one(Sparkline).data[-1] == 6.0
+        assert "6.0 fin/s" in str(bar.query_one("#rate", Static).render())
+        bar.tick(at=202.0)  # nothing finished: the rate says so
+        assert bar.query_one(Sparkline).data[-2:] == [6.0, 0.0]
+        assert "0.0 fin/s" in str(bar.query_one("#rate", Static).render())
 
 
 @pytest.mark.parametrize(("width", "wide"), [(80, False), (150, True)])
