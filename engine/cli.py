@@ -9,6 +9,7 @@
     obelisk execution persist-backtraces ID [--json]
     obelisk delay cancel ID
     obelisk component list [--json]
+    obelisk deployment status [--json]
 
 The API address comes from `--api-url` (or `OBELISK_API_URL`, default
 http://127.0.0.1:5005), the token from `OBELISK_API_TOKEN`. Output is for humans unless
@@ -23,6 +24,7 @@ import os
 import sys
 import urllib.parse
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from engine.client import (
@@ -121,6 +123,11 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+#: Values shown whole in event summaries (to copy them); reasons up to REASON_LIMIT.
+WHOLE_KEYS = frozenset({"id", "digest"})
+REASON_LIMIT = 500
+
+
 def _summarize(obj: dict[str, Any], limit: int = 60) -> str:
     """`type key=value …` for one event or response. Ids stay whole (to copy them);
     other values longer than `limit` are cut (`--json` has them all)."""
@@ -137,8 +144,10 @@ def _summarize(obj: dict[str, Any], limit: int = 60) -> str:
             continue
         if isinstance(value, dict) and "type" in value:
             parts.append(f"{key}=({_summarize(value, limit)})")
-        elif isinstance(value, str) and (key == "id" or key.endswith("_id")):
+        elif isinstance(value, str) and (key in WHOLE_KEYS or key.endswith("_id")):
             parts.append(f"{key}={value}")
+        elif isinstance(value, str) and key == "reason":  # why, often naming ids
+            parts.append(f"{key}={_clip(value, REASON_LIMIT)}")
         else:
             text = value if isinstance(value, str) else _compact(value)
             parts.append(f"{key}={_clip(text, limit)}")
@@ -162,6 +171,20 @@ def _print_json(value: Any) -> None:
     print(json.dumps(value, ensure_ascii=False, indent=2))
 
 
+def _lock_held(info: ExecutionInfo) -> bool:
+    """Whether its lock matters: a locked execution's always (an expired one says so),
+    a blocked workflow's only while a run still holds it."""
+    state = info["state"]
+    while state.get("type") in ("paused", "cancelling") and isinstance(
+        state.get("underlying"), dict
+    ):
+        state = state["underlying"]
+    if state.get("type") != "blocked_by_join_set":
+        return True
+    expires = datetime.fromisoformat(str(info["lock_expires_at"]).replace("Z", "+00:00"))
+    return expires > datetime.now(UTC)
+
+
 def _status_lines(info: ExecutionInfo) -> str:
     rows: list[tuple[str, str]] = [
         ("execution", info["execution_id"]),
@@ -171,7 +194,7 @@ def _status_lines(info: ExecutionInfo) -> str:
     ]
     if info["scheduled_at"]:
         rows.append(("scheduled at", format_time(info["scheduled_at"])))
-    if info["lock_expires_at"]:
+    if info["lock_expires_at"] and _lock_held(info):
         rows.append(("lock expires", format_time(info["lock_expires_at"])))
     if info["state"].get("type") == "finished":
         rows.append(("finished at", format_time(info["state"].get("finished_at"))))
@@ -426,6 +449,47 @@ def cmd_persist_backtraces(args: argparse.Namespace) -> int:
     return 0
 
 
+def reload_lines(reload: dict[str, Any]) -> str:
+    """The last reload (or the start), for reading: outcome, changes, upgrades, pinned
+    old versions and functions whose executions wait."""
+    what = "started" if reload.get("trigger") == "start" else f"reloaded ({reload.get('trigger')})"
+    out = [
+        f"{what} at {format_time(reload.get('at'))}: " + ("ok" if reload.get("ok") else "FAILED")
+    ]
+    if not reload.get("ok"):
+        out += ["  " + line for line in str(reload.get("error") or "").splitlines()]
+        out.append("  the previous deployment stays in force")
+    for c in reload.get("changes") or []:
+        digest = c.get("new_digest") or c.get("old_digest") or ""
+        out.append(f"  {c.get('change')} {c.get('type')} {c.get('name')} {digest}".rstrip())
+    for u in reload.get("upgrades") or []:
+        line = f"  upgrade of {u.get('execution_id')}: {u.get('outcome')}"
+        if u.get("reason"):
+            line += f": {u['reason']}"
+        if u.get("pinned_digest"):
+            line += f" (stays on {u['pinned_digest']})"
+        out.append(line)
+    for p in reload.get("pinned") or []:
+        runs = "running" if p.get("running") else "NOT RUNNING: its executions wait"
+        out.append(f"  old version {p.get('digest')}: {p.get('executions')} execution(s), {runs}")
+    for o in reload.get("orphaned") or []:
+        out.append(
+            f"  {o.get('executions')} execution(s) of {o.get('ffqn')} wait: "
+            "no deployed component exports it"
+        )
+    return "\n".join(out)
+
+
+def cmd_deployment_status(args: argparse.Namespace) -> int:
+    info = _client(args).deployment()
+    if args.json:
+        _print_json(info)
+    else:
+        print(f"deployment {info['deployment_id']}")
+        print(reload_lines(dict(info["reload"])))
+    return 0 if info["reload"].get("ok") else 1
+
+
 def cmd_components(args: argparse.Namespace) -> int:
     components: list[ComponentInfo] = _client(args).components()
     if args.json:
@@ -627,6 +691,17 @@ def build_parser() -> argparse.ArgumentParser:
         "list", parents=[common, json_flag], help="components and their exported functions"
     )
     p.set_defaults(handler=cmd_components)
+
+    # deployment
+    deployment = top.add_parser("deployment", help="the deployment in force and its reloads")
+    dep = deployment.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    p = dep.add_parser(
+        "status",
+        parents=[common, json_flag],
+        help="the last reload: ok or the error, changes, upgrades, pinned old versions, "
+        "functions whose executions wait (exit 1 when it failed)",
+    )
+    p.set_defaults(handler=cmd_deployment_status)
     return parser
 
 

@@ -314,6 +314,11 @@ class ApiClient:
     def components(self) -> list[ComponentInfo]:
         return cast(list[ComponentInfo], self._request("GET", "/v1/components"))
 
+    def deployment(self) -> DeploymentInfo:
+        """The deployment in force and the last reload's outcome (pinned versions and
+        orphaned functions counted now)."""
+        return cast(DeploymentInfo, self._request("GET", "/v1/deployment"))
+
     def component_source(self, digest: str) -> ComponentSourceInfo:
         """The source text of a (JS) component version, e.g. to show a backtrace's line."""
         path = "/v1/components/" + urllib.parse.quote(digest, safe="") + "/source"

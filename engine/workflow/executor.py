@@ -173,7 +173,7 @@ class WorkflowExecutor(BaseExecutor):
                 return False
             return True
         log.warning(
-            "workflow %s: its history, written by version %s, does not replay on %s (%s); "
+            "workflow %s: its history, written by version %s, cannot continue on %s (%s); "
             "it stays on %s",
             locked.execution_id,
             writer,

@@ -297,6 +297,77 @@ def test_workflow_child_status_responses_and_cancel(cli: Cli, api: ApiClient) ->
     assert all(r["parent_id"] is None for r in rows)
 
 
+def test_deployment_status(cli: Cli) -> None:
+    out = cli.ok("deployment", "status")
+    first, second = out.splitlines()[:2]
+    assert first.startswith("deployment Dep_")
+    assert second.startswith("started at ") and second.endswith(": ok")
+    info = json.loads(cli.ok("deployment", "status", "--json"))
+    assert info["reload"]["trigger"] == "start" and info["reload"]["ok"] is True
+    assert info["reload"]["orphaned"] == [] and info["reload"]["pinned"] == []
+
+
+def test_reload_lines_say_what_waits() -> None:
+    from engine.cli import reload_lines
+
+    text = reload_lines(
+        {
+            "trigger": "watch",
+            "at": "2026-01-01T00:00:00Z",
+            "ok": True,
+            "changes": [
+                {
+                    "change": "changed",
+                    "type": "workflow_js",
+                    "name": "order",
+                    "new_digest": "sha256:2",
+                }
+            ],
+            "upgrades": [
+                {
+                    "execution_id": "E_1",
+                    "outcome": "failed",
+                    "reason": "at version 3 the log has …",
+                    "pinned_digest": "sha256:1",
+                }
+            ],
+            "pinned": [{"digest": "sha256:1", "executions": 1, "running": False}],
+            "orphaned": [{"ffqn": "a:b/c.d", "executions": 2}],
+        }
+    )
+    assert "changed workflow_js order sha256:2" in text
+    assert "upgrade of E_1: failed: at version 3 the log has … (stays on sha256:1)" in text
+    assert "old version sha256:1: 1 execution(s), NOT RUNNING: its executions wait" in text
+    assert "2 execution(s) of a:b/c.d wait: no deployed component exports it" in text
+    failed = reload_lines({"trigger": "watch", "at": None, "ok": False, "error": "bad\nTOML"})
+    assert "FAILED" in failed and "  bad\n  TOML" in failed and "previous deployment" in failed
+
+
+def test_status_shows_a_blocked_workflows_lock_only_while_held() -> None:
+    from engine.cli import _status_lines
+
+    info: Any = {
+        "execution_id": "E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC",
+        "ffqn": "myapp:demo/workflow.order",
+        "component_type": "workflow_js",
+        "state": {"type": "blocked_by_join_set", "join_set_id": "o:1-approve"},
+        "scheduled_at": None,
+        "lock_expires_at": "2026-01-01T00:00:00Z",  # long past: no run holds it
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-01T00:00:00Z",
+        "next_version": 5,
+        "parent_id": None,
+        "temporary_event_count": 0,
+        "result": None,
+    }
+    assert "lock expires" not in _status_lines(info)
+    info["lock_expires_at"] = "2999-01-01T00:00:00Z"
+    assert "lock expires" in _status_lines(info)
+    info["state"] = {"type": "locked"}  # an expired lock of a locked one says so
+    info["lock_expires_at"] = "2026-01-01T00:00:00Z"
+    assert "lock expires" in _status_lines(info)
+
+
 def test_event_summaries_keep_ids_whole_and_cut_long_values() -> None:
     from engine.cli import _summarize
 
@@ -316,6 +387,14 @@ def test_event_summaries_keep_ids_whole_and_cut_long_values() -> None:
     }
     text = _summarize(event)
     assert f"child_execution_id={child}" in text
+    reason = f"at version 3 the log has submit(o:1-approve, {child}, …), but …" + "x" * 80
+    upgrade = {
+        "type": "component_upgrade_finished",
+        "digest": "sha256:" + "4" * 64,
+        "outcome": {"type": "failed", "reason": reason},
+    }
+    summary = _summarize(upgrade)
+    assert "sha256:" + "4" * 64 in summary and reason in summary  # why an upgrade failed
     assert 'params=["xxx' in text and "x" * 100 not in text and "…" in text
 
 
