@@ -21,22 +21,23 @@ from obelisk_tui.screens.base import ObeliskScreenMixin
 
 
 def reload_summary(reload: dict[str, Any]) -> str:
-    """One line: "reloaded 14:02:03 (watch): 1 changed, 2 upgrades (1 failed)"."""
+    """One line: "reloaded 14:02:03.120 (watch): 1 component change(s), 2 workflow
+    upgrade(s): 1 continue on the new code, 1 kept on the old version"."""
     at = model.clock_time(model.parse_ts(reload.get("at")))
     trigger = reload.get("trigger")
     if trigger == "start":
         return f"started {at}"
-    if not reload.get("ok"):
-        first = str(reload.get("error") or "").splitlines()[0:1]
-        return f"reload FAILED {at} ({trigger}): {first[0] if first else ''} — the previous version stays"
+    if not reload.get("ok"):  # the error follows, in full
+        return f"reload FAILED {at} ({trigger}) — the previous version stays"
     changes = reload.get("changes") or []
     upgrades = reload.get("upgrades") or []
     failed = sum(1 for u in upgrades if u.get("outcome") == "failed")
     text = f"reloaded {at} ({trigger}): {len(changes)} component change(s)"
     if upgrades:
-        text += f", {len(upgrades)} workflow upgrade(s)" + (
-            f", {failed} failed (kept on the old version)" if failed else ""
-        )
+        kept = len(upgrades) - failed
+        text += f", {len(upgrades)} workflow upgrade(s): {kept} continue on the new code"
+        if failed:
+            text += f", {failed} kept on the old version"
     waiting = sum(int(o.get("executions") or 0) for o in reload.get("orphaned") or [])
     if waiting:
         text += f"; {waiting} execution(s) of removed functions wait"
