@@ -642,8 +642,10 @@ class TimersWatcher:
         names = sorted(dead)
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         log.warning(  # a process died without stopping: worth an operator's attention
-            "released %d execution(s) held by executors that died without stopping: %s",
+            "released %d execution(s) held by executors that died without stopping "
+            "(%d executor(s), a process has one per component: %s)",
             len(jobs),
+            len(names),
             shown,
         )
         for result in await asyncio.gather(*jobs, return_exceptions=True):
