@@ -143,7 +143,10 @@ def refusal(action: str, info: ExecutionInfo) -> str | None:
         if "cancelling" in layers:
             return f"{eid} is already being cancelled"
         if not is_cancellable(info):
-            return f"{eid} is not cancellable: only activities and -cancellable workflows are"
+            return (
+                f"{eid} is not cancellable: only activities, and workflows whose function "
+                "name ends in -cancellable, can be cancelled"
+            )
         return None
     return f"unknown action {action}"
 
@@ -538,7 +541,7 @@ def check_stub(return_type: str | None, text: str) -> tuple[Any | None, str | No
         return None, 'the return value is {"ok": …} or {"err": …}'
     if return_type:
         try:
-            validate_json(value, parse_wit_type(return_type), "the return value")
+            validate_json(value, parse_wit_type(return_type), "result")
         except WitValueError as e:
             return None, str(e)
         except ValueError:

@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
+from textual.widgets import Button, Footer, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 from engine.client import ApiError, FunctionExport
@@ -69,6 +69,7 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
                     with Horizontal(id="submit-buttons"):
                         yield Button("Submit (ctrl+s)", variant="primary", id="do-submit")
                         yield Button("Close (esc)", id="close")
+        yield Footer()  # this dialog's keys, not those of the screen beneath
 
     def on_mount(self) -> None:
         self.load()

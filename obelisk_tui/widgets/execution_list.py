@@ -36,6 +36,10 @@ COLUMNS: list[tuple[str, int]] = [
     ("LAST EVENT", 18),
 ]
 
+#: Past this FFQN width, up to EXECUTION_EXTRA more columns go to the ids instead.
+FFQN_ROOMY = 44
+EXECUTION_EXTRA = 24
+
 #: Columns dropped first when the terminal is narrow (by title).
 DROP_ORDER = ["CH", "EV", "LAST EVENT", "WHEN", "AGE"]
 
@@ -49,7 +53,11 @@ def layout(width: int) -> list[tuple[str, int]]:
             break
         cols = [c for c in cols if c[0] != title]
     fixed = sum(w + 1 for t, w in cols if t != "FFQN")
-    return [(t, w if t != "FFQN" else max(12, width - fixed - 1)) for t, w in cols]
+    ffqn = max(12, width - fixed - 1)
+    # Room to spare: child ids (`E_….g:batch_12.o:1-step_3`) get it before the FFQNs.
+    extra = min(EXECUTION_EXTRA, max(0, ffqn - FFQN_ROOMY))
+    widths = {"EXECUTION": dict(cols)["EXECUTION"] + extra, "FFQN": ffqn - extra}
+    return [(t, widths.get(t, w)) for t, w in cols]
 
 
 def short_id(execution_id: str, width: int) -> str:
