@@ -110,13 +110,14 @@ async def start_server(
     """
     # Bound first: a busy address fails before the engine touches the data dir (and
     # before its executors run anything).
-    sock = _listening_socket(host, port)
+    socks = _listening_sockets(host, port)
     try:
         engine = await Engine.start(
             deployment, data_dir, database_url=database_url, cpu_affinity=cpu_affinity
         )
     except BaseException:
-        sock.close()
+        for sock in socks:
+            sock.close()
         raise
     # Long polls (`?follow=true`, `/v1/changes`, the deployment) never finish on their
     # own: a stop gives requests in flight a moment, then cancels them.
@@ -128,10 +129,11 @@ async def start_server(
     )
     try:
         await runner.setup()
-        site = web.SockSite(runner, sock)
-        await site.start()
+        for sock in socks:
+            await web.SockSite(runner, sock).start()
     except BaseException:
-        sock.close()
+        for sock in socks:
+            sock.close()
         await runner.cleanup()
         await engine.stop()
         raise
@@ -143,13 +145,29 @@ async def start_server(
     return RunningServer(engine, runner, host, bound_port)
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port (port 0: any free one) and listening."""
+def _listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """TCP sockets listening on host:port: one per address the host resolves to (as
+    aiohttp's own site binds), only the first for port 0 (any free port: one port)."""
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family = infos[0][0] if infos else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=128)
-    sock.setblocking(False)
-    return sock
+    addresses = list(dict.fromkeys((family, address) for family, *_, address in infos))
+    if port == 0:
+        addresses = addresses[:1]
+    socks: list[socket.socket] = []
+    try:
+        for family, address in addresses:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(128)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 def _print_components(server: RunningServer, out: TextIO) -> None:
