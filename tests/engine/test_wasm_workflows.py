@@ -19,6 +19,7 @@ from engine.core.state import replay_stored
 from engine.engine import Engine
 from engine.errors import DeploymentError
 from tests.engine.conftest import StartEngine
+from tests.engine.test_js_activities import wait_state
 from tests.fixtures import components as fx
 from tests.fixtures.workflow_components import workflow_component, workflow_ffqn
 
@@ -315,3 +316,67 @@ async def test_an_old_version_is_rebuilt_from_the_compiled_cache(
     assert await rebuild_old_version(engine, missing, ffqn, engine.registry) is None
     # No deployed workflow exports the function any more: no settings to run it with.
     assert await rebuild_old_version(engine, digest, ADD, engine.registry) is None
+
+
+def sleepy_variant(name: str, old: str, new: str) -> Path:
+    """The `sleep` WAT workflow with one edit: another version of `sleepy`."""
+    import dataclasses
+
+    from engine import wat_build
+    from tests.fixtures import workflow_components as wc
+
+    base = wc.WORKFLOWS["sleep"]
+    assert old in base.wat
+    edited = dataclasses.replace(base, wat=base.wat.replace(old, new))
+    return wat_build.build_component(
+        f"workflow-sleep-{name}",
+        wc._wit_files([edited], "wf-sleep"),
+        wc._wat([edited]),
+        wc.CACHE_DIR,
+        world="wf-sleep",
+    )
+
+
+@pytest.mark.parametrize("compatible", [True, False], ids=["compatible", "incompatible"])
+async def test_a_wasm_workflow_replaced_while_stopped(
+    start_engine: StartEngine, tmp_path: Path, compatible: bool
+) -> None:
+    """The component file changed while no engine ran: the first lock checks the
+    history against the new code; an incompatible execution runs on its old version,
+    rebuilt from the compiled cache."""
+    import shutil
+
+    if compatible:  # the same sleep, another result
+        edited = sleepy_variant("plus-one", "(i64.const 1000))", "(i64.const 1001))")
+    else:  # sleeps for another duration: the delay request differs
+        edited = sleepy_variant(
+            "longer",
+            "(i64.const 0) (local.get $ms)",
+            "(i64.const 0) (i64.add (local.get $ms) (i64.const 1))",
+        )
+    location = tmp_path / "sleepy.wasm"
+    shutil.copyfile(workflow_component("sleep"), location)
+    fx.share_compiled_cache(tmp_path / "data")
+    engine = await start_engine(activity_section() + workflow_section("sleep", location=location))
+    old_digest = engine.registry.function(workflow_ffqn("sleep"))[1].component_id.digest
+    eid = await engine.submit(workflow_ffqn("sleep"), [1500])
+    await wait_state(engine, eid, "blocked_by_join_set")  # waits for its delay
+    await engine.stop()
+
+    shutil.copyfile(edited, location)
+    again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
+    try:
+        result = await again.result(eid, timeout=20)
+        assert isinstance(result, ev.ResultOk), result
+        events = await legal(again, eid)
+        [upgrade] = [e.event for e in events if isinstance(e.event, ev.ComponentUpgradeFinished)]
+        locks = [e.event for e in events if isinstance(e.event, ev.Locked)]
+        if compatible:
+            assert upgrade.outcome == ev.UpgradeSuccess()
+            assert locks[-1].component_id.digest != old_digest
+        else:
+            assert isinstance(upgrade.outcome, ev.UpgradeFailed), upgrade
+            assert "1500" in upgrade.outcome.reason and "1501" in upgrade.outcome.reason
+            assert locks[-1].component_id.digest == old_digest  # the rebuilt version
+    finally:
+        await again.stop()
