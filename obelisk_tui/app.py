@@ -52,6 +52,9 @@ class ObeliskApp(App[None]):
         Binding("C", "components", "Components"),
         Binding("space", "freeze", "Freeze"),
         Binding("r", "refresh", "Refresh", show=False),
+        # Ahead of the screens' own `esc` (back, clear the filter) while the key panel
+        # is open: `esc` closes it first.
+        Binding("escape", "hide_help_panel", show=False, priority=True),
     ]
 
     def __init__(
@@ -278,5 +281,7 @@ class ObeliskApp(App[None]):
             self.action_show_help_panel()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "hide_help_panel":
+            return bool(self.screen.query("HelpPanel"))
         needs_backend = action in ("submit", "components", "freeze", "refresh")
         return not (needs_backend and self.backend is None)

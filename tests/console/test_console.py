@@ -572,6 +572,17 @@ async def test_help_and_quit(console_engine: Engine) -> None:
         assert "Scroll Left" not in screen_text(app) and "Page Right" not in screen_text(app)
         await pilot.press("question_mark")
         await until(pilot, lambda: not app.screen.query("HelpPanel"), what="help closed")
+        # `esc` closes it too, and only that (on an execution's screen it goes back).
+        eid = await console_engine.submit(APPROVE, ["help"])
+        app.open_execution(eid)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: bool(app.screen.query("HelpPanel")), what="the help panel")
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.screen.query("HelpPanel"), what="help closed by esc")
+        assert isinstance(app.screen, ExecutionDetailScreen)
+        await pilot.press("escape")  # and now: back
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="the list")
         await pilot.press("q")
         await until(pilot, lambda: app._exit, what="the app to quit")  # type: ignore[attr-defined]
 
