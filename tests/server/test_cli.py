@@ -297,6 +297,25 @@ def test_workflow_child_status_responses_and_cancel(cli: Cli, api: ApiClient) ->
     assert all(r["parent_id"] is None for r in rows)
 
 
+def execution_info(**fields: Any) -> Any:
+    """An `ExecutionInfo` as the API returns it, with `fields` changed."""
+    info: dict[str, Any] = {
+        "execution_id": "E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC",
+        "ffqn": "myapp:demo/activity.big",
+        "component_type": "activity_js",
+        "state": {"type": "pending_at"},
+        "scheduled_at": None,
+        "lock_expires_at": None,
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-01T00:00:00Z",
+        "next_version": 3,
+        "parent_id": None,
+        "temporary_event_count": 0,
+        "result": None,
+    }
+    return info | fields
+
+
 def test_deployment_status(cli: Cli) -> None:
     out = cli.ok("deployment", "status")
     first, second = out.splitlines()[:2]
@@ -346,20 +365,12 @@ def test_reload_lines_say_what_waits() -> None:
 def test_status_shows_a_blocked_workflows_lock_only_while_held() -> None:
     from engine.cli import _status_lines
 
-    info: Any = {
-        "execution_id": "E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC",
-        "ffqn": "myapp:demo/workflow.order",
-        "component_type": "workflow_js",
-        "state": {"type": "blocked_by_join_set", "join_set_id": "o:1-approve"},
-        "scheduled_at": None,
-        "lock_expires_at": "2026-01-01T00:00:00Z",  # long past: no run holds it
-        "created_at": "2026-01-01T00:00:00Z",
-        "updated_at": "2026-01-01T00:00:00Z",
-        "next_version": 5,
-        "parent_id": None,
-        "temporary_event_count": 0,
-        "result": None,
-    }
+    info = execution_info(
+        ffqn="myapp:demo/workflow.order",
+        component_type="workflow_js",
+        state={"type": "blocked_by_join_set", "join_set_id": "o:1-approve"},
+        lock_expires_at="2026-01-01T00:00:00Z",  # long past: no run holds it
+    )
     assert "lock expires" not in _status_lines(info)
     info["lock_expires_at"] = "2999-01-01T00:00:00Z"
     assert "lock expires" in _status_lines(info)
@@ -401,20 +412,10 @@ def test_event_summaries_keep_ids_whole_and_cut_long_values() -> None:
 def test_status_shows_the_start_of_a_huge_result() -> None:
     from engine.cli import STATUS_RESULT_LIMIT, _status_lines
 
-    info: Any = {
-        "execution_id": "E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC",
-        "ffqn": "myapp:demo/activity.big",
-        "component_type": "activity_js",
-        "state": {"type": "finished", "finished_at": "2026-01-01T00:00:00Z"},
-        "scheduled_at": None,
-        "lock_expires_at": None,
-        "created_at": "2026-01-01T00:00:00Z",
-        "updated_at": "2026-01-01T00:00:00Z",
-        "next_version": 3,
-        "parent_id": None,
-        "temporary_event_count": 0,
-        "result": {"ok": "y" * 100_000},
-    }
+    info = execution_info(
+        state={"type": "finished", "finished_at": "2026-01-01T00:00:00Z"},
+        result={"ok": "y" * 100_000},
+    )
     text = _status_lines(info)
     assert len(text) < STATUS_RESULT_LIMIT + 1_000
     assert "more characters: `obelisk execution result E_01JKX3M7V9Q2R8T5W0Y4Z6A1BC`" in text
