@@ -361,16 +361,25 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
         assert isinstance(app.screen, ExecutionsScreen)
 
 
+async def open_detail(app: ObeliskApp, pilot: Any, eid: str) -> None:
+    """Open the execution's screen and wait until it shows the execution."""
+    app.open_execution(eid)
+    await until(
+        pilot,
+        lambda: (
+            isinstance(app.screen, ExecutionDetailScreen)
+            and app.screen.execution_id == eid
+            and app.screen.info is not None
+        ),
+        what=f"the screen of {eid}",
+    )
+
+
 async def test_detail_actions_on_a_waiting_workflow(console_engine: Engine) -> None:
     engine = console_engine
     async with open_console(engine) as (app, pilot):
         order, approval = await blocked_order(engine, pilot)
-        app.open_execution(order)
-        await until(
-            pilot,
-            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen.info is not None,
-            what="detail",
-        )
+        await open_detail(app, pilot, order)
         await pilot.press("p")
         await until(pilot, lambda: "paused" in screen_text(app).split("\n")[1], what="paused title")
         assert await state_of(engine, order) == "paused"
@@ -399,26 +408,12 @@ async def test_stub_from_the_console(console_engine: Engine) -> None:
     engine = console_engine
     async with open_console(engine) as (app, pilot):
         order, approval = await blocked_order(engine, pilot)
-        app.open_execution(order)
-        await until(
-            pilot,
-            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen.info is not None,
-            what="detail",
-        )
+        await open_detail(app, pilot, order)
         await pilot.press("S")  # a workflow: not stubbed, and the key says why
         await until(
             pilot, lambda: any("is not a stub activity" in n for n in notices(app)), what="refusal"
         )
-        app.open_execution(approval)
-        await until(
-            pilot,
-            lambda: (
-                isinstance(app.screen, ExecutionDetailScreen)
-                and app.screen.execution_id == approval
-                and app.screen.info is not None
-            ),
-            what="the approval's detail",
-        )
+        await open_detail(app, pilot, approval)
         await pilot.press("S")
         await until(
             pilot,
@@ -443,12 +438,7 @@ async def test_cancel_of_a_waiting_cancellable_workflow(console_engine: Engine) 
     engine = console_engine
     async with open_console(engine) as (app, pilot):
         order, approval = await blocked_order(engine, pilot, "o-2")
-        app.open_execution(order)
-        await until(
-            pilot,
-            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen.info is not None,
-            what="detail",
-        )
+        await open_detail(app, pilot, order)
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
         await pilot.press("y")
