@@ -530,13 +530,22 @@ def _parse_json_result(text: str) -> Any:
 _STACK_POS = re.compile(r"\(?([^\s()]+):(\d+):(\d+)\)?\s*$")
 
 
-def _position(stack: str | None, filename: str) -> str:
-    """`line L, column C` of the first stack frame in `filename`, or ''."""
+def source_line(source: str, line: int, limit: int = 80) -> str:
+    """Line `line` (1-based) of `source`, stripped, cut to `limit` and quoted: where a
+    syntax error is (QuickJS's column of a parse error is unreliable: it may count
+    from an earlier line)."""
+    lines = source.splitlines()
+    text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _position(stack: str | None, filename: str) -> tuple[int, int] | None:
+    """(line, column) of the first stack frame in `filename`."""
     for line in (stack or "").splitlines():
         m = _STACK_POS.search(line.strip())
         if m is not None and m.group(1) == filename:
-            return f"line {m.group(2)}, column {m.group(3)}"
-    return ""
+            return int(m.group(2)), int(m.group(3))
+    return None
 
 
 class _ThreadLoop:
@@ -1091,8 +1100,9 @@ class JsActivityRunner:
     def _load_error_message(self, e: JSError) -> str:
         fname = self.filename
         pos = _position(e.stack, fname)
-        where = f" ({pos})" if pos else ""
+        where = f" (line {pos[0]}, column {pos[1]})" if pos else ""
         if e.name == "SyntaxError":
+            where = f" (line {pos[0]}: {source_line(self.source, pos[0])})" if pos else ""
             return f"{fname}: SyntaxError: {e.message}{where}"
         if "resolving module" in e.message:
             return (

@@ -165,6 +165,7 @@ from engine.workers.js_activity import (
     _run_coroutine,
     _trap_reason,
     out_of_memory_reason,
+    source_line,
     warm_up,
 )
 from engine.workers.js_activity import (
@@ -1469,6 +1470,8 @@ class JsWorkflowRunner:
         where = f" (line {pos[0]}, column {pos[1]})" if pos else ""
         line = pos[0] if pos else None
         if e.name == "SyntaxError":
+            # The line and its text (QuickJS's column of a parse error is unreliable).
+            where = f" (line {line}: {source_line(self.source, line)})" if line else ""
             return JsWorkflowLoadError(
                 f"{fname}: SyntaxError: {e.message}{where}", filename=fname, line=line
             )

@@ -234,7 +234,8 @@ export default () => go(1) + go2(2);
 
 def test_load_errors_syntax_top_level_throw_and_export() -> None:
     interfaces = make_host().interfaces()
-    with pytest.raises(JsWorkflowLoadError, match=r"wf\.js: SyntaxError: .*\(line 3"):
+    # The line and its text: QuickJS's column of a parse error counts from another line.
+    with pytest.raises(JsWorkflowLoadError, match=r"wf\.js: SyntaxError: .*\(line 3: 'a b'\)"):
         JsWorkflowRunner("export default function () {\n  let a = 1;\n  a b\n}\n", "wf.js").check(
             interfaces
         )
