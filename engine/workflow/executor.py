@@ -149,10 +149,11 @@ class WorkflowExecutor(BaseExecutor):
         and the run goes on; incompatible → `…{failed}`, the execution is pinned to the
         version that wrote it and released, and an executor of that version is asked
         for (`on_pinned`)."""
-        from engine.workflow.upgrade import check_upgrade, dry_run_host, history_digest
+        from engine.workflow.upgrade import check_upgrade, dry_run_host, history_writers
 
         digest = self.component.component_id.digest
-        writer = history_digest(locked.events or [])
+        writers = history_writers(locked.events or [])
+        writer = writers[-1] if writers else None
         if writer is None or writer == digest:
             return True
         dry = dry_run_host(
@@ -166,7 +167,18 @@ class WorkflowExecutor(BaseExecutor):
         )
         event = ev.ComponentUpgradeFinished(digest, self.deployment_id, outcome)
         if ok:
-            log.info("workflow %s: upgraded from %s to %s", locked.execution_id, writer, digest)
+            if digest in writers:
+                # Back to a version it was upgraded away from: with several engines on
+                # one database, most likely because this one has not reloaded yet.
+                log.warning(
+                    "workflow %s: moved back from %s to %s, which it was upgraded from; "
+                    "another engine sharing the database may run a newer version of it",
+                    locked.execution_id,
+                    writer,
+                    digest,
+                )
+            else:
+                log.info("workflow %s: upgraded from %s to %s", locked.execution_id, writer, digest)
             try:
                 host.flush([event])
             except RunAborted:

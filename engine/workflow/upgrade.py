@@ -220,24 +220,37 @@ def running_digest(events: Iterable[ev.StoredEvent]) -> str | None:
     return digest
 
 
-def history_digest(events: Iterable[ev.StoredEvent]) -> str | None:
-    """The component digest that wrote the execution's history: the one in force (its
-    `created` or latest `locked`) at its last history event, or the target of a later
-    successful upgrade. None while it has no history (any version may start it). A
-    `locked` by another version that wrote nothing does not change it."""
+def history_writers(events: Iterable[ev.StoredEvent]) -> list[str]:
+    """The component digests that wrote the execution's history, oldest first (each
+    once per stretch): the one in force (its `created` or latest `locked`) at each
+    history event, and the target of each successful upgrade. A `locked` by another
+    version that wrote nothing does not count."""
     in_force: str | None = None
-    writer: str | None = None
+    writers: list[str] = []
+
+    def wrote(digest: str | None) -> None:
+        if digest is not None and (not writers or writers[-1] != digest):
+            writers.append(digest)
+
     for stored in events:
         match stored.event:
             case ev.HistoryEvent():
-                writer = in_force
+                wrote(in_force)
             case ev.Created(component_id=c) | ev.Locked(component_id=c):
                 in_force = c.digest
             case ev.ComponentUpgradeFinished(digest=d, outcome=ev.UpgradeSuccess()):
-                in_force = writer = d
+                in_force = d
+                wrote(d)
             case _:
                 pass
-    return writer
+    return writers
+
+
+def history_digest(events: Iterable[ev.StoredEvent]) -> str | None:
+    """The digest that wrote the execution's history last (`history_writers`); None
+    while it has no history (any version may start it)."""
+    writers = history_writers(events)
+    return writers[-1] if writers else None
 
 
 def _last_upgrade(events: list[ev.StoredEvent]) -> ev.ComponentUpgradeFinished | None:
@@ -305,12 +318,13 @@ class Upgrader:
         current = pinned or previous_digest or ran_on
         last = _last_upgrade(events)
         if (
-            pinned is not None
-            and last is not None
+            last is not None
             and last.digest == digest
             and isinstance(last.outcome, ev.UpgradeFailed)
         ):
-            return None  # already found incompatible with this very version
+            # Already found incompatible with this very version (and pinned with it):
+            # by an earlier reload, or by another engine while this one checked.
+            return None
         if current == digest:
             if pinned is None:
                 return None
@@ -406,6 +420,7 @@ __all__ = [
     "check_upgrade",
     "dry_run_host",
     "history_digest",
+    "history_writers",
     "params_mismatch",
     "running_digest",
 ]

@@ -548,6 +548,52 @@ async def test_removing_a_workflow_stops_its_pinned_version_too(
     assert await engine.result(eid, timeout=10) == ev.ResultOk("v1 yes")
 
 
+async def test_a_check_made_twice_records_one_outcome(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    """Two engines (here: a second check with the row read before the first pinned the
+    execution) checking one execution against one version record one outcome."""
+    engine = await start_engine(workflow_toml(), files={"order.js": ORDER_V1})
+    eid = await engine.submit(ORDER, ["o-1"])
+    await blocked_child(engine, eid)
+    [stale] = await engine.storage.unfinished_executions([ORDER])
+    status = await edit_and_wait(
+        engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order")
+    )
+    assert [u.outcome for u in status.upgrades] == ["failed"]
+    assert stale.pinned_digest is None
+    target = engine.registry.function(ORDER)[1]
+    again = await engine.reloader.upgrader.upgrade(
+        stale, target, engine.registry, engine.deployment_id, None
+    )
+    assert again is None
+    assert len(upgrade_events(await engine.storage.get_events(eid))) == 1
+
+
+async def test_moving_back_to_a_version_upgraded_from_is_logged(
+    start_engine: StartEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = await start_engine(workflow_toml(), files={"order.js": ORDER_V1})
+    eid = await engine.submit(ORDER, ["o-1"])
+    child = await blocked_child(engine, eid)
+    status = await edit_and_wait(
+        engine, tmp_path / "order.js", ORDER_V2_COMPATIBLE, changed("order")
+    )
+    assert [u.outcome for u in status.upgrades] == ["success"]
+    await engine.stop()
+    write(tmp_path / "order.js", ORDER_V1)  # back, while stopped (or: a lagging engine)
+    again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)
+    try:
+        with caplog.at_level("WARNING", logger="obelisk.workflow"):
+            await again.stub(child, {"ok": "yes"})
+            assert await again.result(eid, timeout=10) == ev.ResultOk("v1 yes")
+        assert any("which it was upgraded from" in r.getMessage() for r in caplog.records)
+        outcomes = [type(u.outcome) for u in upgrade_events(await again.storage.get_events(eid))]
+        assert outcomes == [ev.UpgradeSuccess, ev.UpgradeSuccess]
+    finally:
+        await again.stop()
+
+
 async def test_changed_param_types_are_an_incompatible_upgrade(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
@@ -808,7 +854,7 @@ async def test_storage_pins_executions_to_a_digest(tmp_path: Path) -> None:
 
 
 def test_history_digest_is_the_version_in_force_at_the_last_history_event() -> None:
-    from engine.workflow.upgrade import history_digest
+    from engine.workflow.upgrade import history_digest, history_writers
 
     at = datetime(2026, 1, 1, tzinfo=UTC)
     retry = ev.RetryConfig(None, 0)
@@ -837,3 +883,7 @@ def test_history_digest_is_the_version_in_force_at_the_last_history_event() -> N
     assert history_digest(log(created, locked("d1"), history, upgraded)) == "d2"
     assert history_digest(log(created, locked("d1"), history, upgraded, locked("d2"))) == "d2"
     assert history_digest(log(created, locked("d2"), history, locked("d1"), history)) == "d1"
+    assert history_writers(
+        log(created, locked("d1"), history, upgraded, locked("d2"), history, locked("d1"), history)
+    ) == ["d1", "d2", "d1"]
+    assert history_writers(log(created, locked("d1"))) == []
