@@ -475,7 +475,7 @@ def reload_lines(reload: dict[str, Any]) -> str:
     for o in reload.get("orphaned") or []:
         out.append(
             f"  {o.get('executions')} execution(s) of {o.get('ffqn')} wait: "
-            "no deployed component exports it"
+            "this server's deployment does not export it"
         )
     return "\n".join(out)
 

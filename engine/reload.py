@@ -652,8 +652,9 @@ class ReloadManager:
         if warn:
             for o in out:
                 log.warning(
-                    "%d unfinished execution(s) of %s, which no deployed component exports: "
-                    "they wait until a deployment exports it again",
+                    "%d unfinished execution(s) of %s, which this engine's deployment does "
+                    "not export: they wait until a deployment exports it again (or another "
+                    "engine sharing the database that exports it runs them)",
                     o.executions,
                     o.ffqn,
                 )

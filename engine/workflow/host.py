@@ -1020,7 +1020,7 @@ def _describe(h: ev.HistoryEventKind) -> str:
         case ev.JoinSetRequest(join_set_id=js, request=ev.ChildExecutionRequest() as r):
             return f"submit({js}, {r.child_execution_id}, {r.target_ffqn}, {json.dumps(r.params)})"
         case ev.JoinSetRequest(join_set_id=js, request=ev.DelayRequest() as d):
-            return f"delay({js}, {d.delay_id}, {ev.to_builtins(d.schedule_at)})"
+            return f"delay({js}, {d.delay_id}, {json.dumps(ev.to_builtins(d.schedule_at))})"
         case ev.JoinNext(join_set_id=js, requested_ffqn=f, closing=c):
             return f"join_next({js}{', ' + f if f else ''}{', closing' if c else ''})"
         case ev.JoinNextTry(join_set_id=js):

@@ -357,7 +357,7 @@ def test_reload_lines_say_what_waits() -> None:
     assert "changed workflow_js order sha256:2" in text
     assert "upgrade of E_1: failed: at version 3 the log has … (stays on sha256:1)" in text
     assert "old version sha256:1: 1 execution(s), NOT RUNNING: its executions wait" in text
-    assert "2 execution(s) of a:b/c.d wait: no deployed component exports it" in text
+    assert "2 execution(s) of a:b/c.d wait: this server's deployment does not export it" in text
     failed = reload_lines({"trigger": "watch", "at": None, "ok": False, "error": "bad\nTOML"})
     assert "FAILED" in failed and "  bad\n  TOML" in failed and "previous deployment" in failed
 
