@@ -457,8 +457,10 @@ def reload_lines(reload: dict[str, Any]) -> str:
         f"{what} at {format_time(reload.get('at'))}: " + ("ok" if reload.get("ok") else "FAILED")
     ]
     if not reload.get("ok"):
-        out += ["  " + line for line in str(reload.get("error") or "").splitlines()]
-        out.append("  the previous deployment stays in force")
+        error = str(reload.get("error") or "")
+        out += ["  " + line for line in error.splitlines()]
+        if not error.startswith("the deployment is in force"):  # else its upgrades failed
+            out.append("  the previous deployment stays in force")
     for c in reload.get("changes") or []:
         digest = c.get("new_digest") or c.get("old_digest") or ""
         out.append(f"  {c.get('change')} {c.get('type')} {c.get('name')} {digest}".rstrip())

@@ -436,13 +436,13 @@ class ReloadManager:
             log.error("deployment reload failed, the previous deployment stays in force: %s", error)
             pinned = await self._pinned_summary()
             status = self._make_status(trigger, False, error, t0, changed_paths, pinned=pinned)
-            return self._publish(status)
+            return self._publish(await self._with_orphaned(status, old, ()))
         self._extra_watch = set()
         changes = diff_registries(old, new)
         if not changes:
             pinned = await self._pinned_summary()
             status = self._make_status(trigger, True, None, t0, changed_paths, pinned=pinned)
-            return self._publish(status)
+            return self._publish(await self._with_orphaned(status, old, ()))
         engine.deployment_id = new_deployment_id()
         engine.registry = new
         upgrades: list[UpgradeResult] = []
@@ -450,7 +450,6 @@ class ReloadManager:
         if engine.run_executors:
             upgrades, upgrade_error = await self._apply(old, new)
         pinned = await self._pinned_summary()
-        orphaned = await self._orphaned(new, old.functions.keys() - new.functions.keys())
         status = self._make_status(
             trigger,
             upgrade_error is None,
@@ -461,7 +460,7 @@ class ReloadManager:
             upgrades,
             pinned,
         )
-        status = msgspec.structs.replace(status, orphaned=orphaned)
+        status = await self._with_orphaned(status, new, old.functions.keys() - new.functions.keys())
         log.info(
             "deployment reloaded (%s): %s%s",
             engine.deployment_id,
@@ -630,6 +629,19 @@ class ReloadManager:
                 executor = self._start_executor(component, registry, pinned=True)
                 if executor is not None:
                     self._pinned[digest] = executor
+
+    async def _with_orphaned(
+        self, status: ReloadStatus, registry: Registry, removed: Iterable[str]
+    ) -> ReloadStatus:
+        """`status` with `orphaned`: the functions this reload removed (warned about) and
+        those the previous status listed, counted again (any reload, even one that
+        failed or changed nothing, keeps reporting what still waits)."""
+        removed = set(removed)
+        earlier = {o.ffqn for o in self._status.orphaned} - removed
+        orphaned = await self._orphaned(registry, removed) if removed else []
+        if earlier:
+            orphaned += await self._orphaned(registry, earlier, warn=False)
+        return msgspec.structs.replace(status, orphaned=sorted(orphaned, key=lambda o: o.ffqn))
 
     async def _orphaned(
         self, registry: Registry, ffqns: Iterable[str] | None, *, warn: bool = True

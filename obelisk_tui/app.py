@@ -201,9 +201,14 @@ class ObeliskApp(App[None]):
                 continue
             generation = reload["generation"]
             ok = bool(reload.get("ok"))
+            in_force = str(reload.get("error") or "").startswith("the deployment is in force")
             self.notify(
                 reload_summary(reload) if ok else str(reload.get("error")),
-                title="hot reload" if ok else "hot reload failed: the previous version stays",
+                title="hot reload"
+                if ok
+                else "hot reload: upgrades not checked"
+                if in_force
+                else "hot reload failed: the previous version stays",
                 severity=("warning" if reload.get("orphaned") else "information")
                 if ok
                 else "error",

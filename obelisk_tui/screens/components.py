@@ -28,6 +28,8 @@ def reload_summary(reload: dict[str, Any]) -> str:
     if trigger == "start":
         return f"started {at}"
     if not reload.get("ok"):  # the error follows, in full
+        if str(reload.get("error") or "").startswith("the deployment is in force"):
+            return f"reloaded {at} ({trigger}), but its workflow upgrades were not checked"
         return f"reload FAILED {at} ({trigger}) — the previous version stays"
     changes = reload.get("changes") or []
     upgrades = reload.get("upgrades") or []

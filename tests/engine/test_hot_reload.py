@@ -776,7 +776,17 @@ async def test_executions_of_a_removed_function_are_reported_as_waiting(
     assert status.orphaned == [OrphanedFunction(ORDER, 1)]
     with pytest.raises(UnknownFunction):
         await engine.submit(ORDER, ["o-2"])
+    # A later reload that changes nothing (a comment), or fails, still reports them.
+    status = await edit_and_wait(
+        engine, tmp_path / "deployment.toml", without_workflow + "\n# a comment\n", lambda s: True
+    )
+    assert status.ok and status.changes == [] and status.orphaned == [OrphanedFunction(ORDER, 1)]
+    status = await edit_and_wait(
+        engine, tmp_path / "deployment.toml", without_workflow + "\n[[broken", lambda s: True
+    )
+    assert not status.ok and status.orphaned == [OrphanedFunction(ORDER, 1)]
     await engine.stop()
+    write(tmp_path / "deployment.toml", without_workflow)
 
     # Also at start, for a deployment without it.
     again = await Engine.start(tmp_path / "deployment.toml", tmp_path / "data", watch=False)

@@ -360,6 +360,9 @@ def test_reload_lines_say_what_waits() -> None:
     assert "2 execution(s) of a:b/c.d wait: this server's deployment does not export it" in text
     failed = reload_lines({"trigger": "watch", "at": None, "ok": False, "error": "bad\nTOML"})
     assert "FAILED" in failed and "  bad\n  TOML" in failed and "previous deployment" in failed
+    in_force = "the deployment is in force, but its workflow upgrades failed: database down"
+    text = reload_lines({"trigger": "watch", "at": None, "ok": False, "error": in_force})
+    assert in_force in text and "previous deployment" not in text
 
 
 def test_status_shows_a_blocked_workflows_lock_only_while_held() -> None:
