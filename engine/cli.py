@@ -1,6 +1,8 @@
 """The `obelisk` command line: the server, and a client of its REST API.
 
     obelisk server run --deployment FILE [--data-dir DIR] [--api-listen HOST:PORT]
+        [--allow-unauthenticated-api] [--cpu-affinity split|off]
+        [--database-url URL | --config FILE]
     obelisk execution submit FFQN '[json params]' [--follow] [--json]
     obelisk execution list [--ffqn PREFIX] [--state S] [--hide-finished] [--limit N] [--json]
     obelisk execution status|result|events|responses|logs ID [--json]
