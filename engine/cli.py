@@ -39,6 +39,8 @@ from engine.client import (
     LogEntry,
     ResponseEntry,
     ServerUnreachable,
+    lock_held,
+    upgrades_unchecked,
 )
 
 API_URL_ENV = "OBELISK_API_URL"
@@ -173,20 +175,6 @@ def _print_json(value: Any) -> None:
     print(json.dumps(value, ensure_ascii=False, indent=2))
 
 
-def _lock_held(info: ExecutionInfo) -> bool:
-    """Whether its lock matters: a locked execution's always (an expired one says so),
-    a blocked workflow's only while a run still holds it."""
-    state = info["state"]
-    while state.get("type") in ("paused", "cancelling") and isinstance(
-        state.get("underlying"), dict
-    ):
-        state = state["underlying"]
-    if state.get("type") != "blocked_by_join_set":
-        return True
-    expires = datetime.fromisoformat(str(info["lock_expires_at"]).replace("Z", "+00:00"))
-    return expires > datetime.now(UTC)
-
-
 def _status_lines(info: ExecutionInfo) -> str:
     rows: list[tuple[str, str]] = [
         ("execution", info["execution_id"]),
@@ -196,7 +184,7 @@ def _status_lines(info: ExecutionInfo) -> str:
     ]
     if info["scheduled_at"]:
         rows.append(("scheduled at", format_time(info["scheduled_at"])))
-    if info["lock_expires_at"] and _lock_held(info):
+    if info["lock_expires_at"] and lock_held(info, datetime.now(UTC)):
         rows.append(("lock expires", format_time(info["lock_expires_at"])))
     if info["state"].get("type") == "finished":
         rows.append(("finished at", format_time(info["state"].get("finished_at"))))
@@ -252,9 +240,8 @@ def _reject_constant(name: str) -> Any:
 def _parse_json_arg(text: str, what: str) -> Any:
     try:
         value = json.loads(text, parse_constant=_reject_constant)
-        json.dumps(value, ensure_ascii=False).encode(
-            "utf-8"
-        )  # lone surrogates ("\ud800") cannot be sent
+        # Lone surrogates ("\ud800") parse, but cannot be sent.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
     except ValueError as e:  # UnicodeEncodeError included
         raise UsageError(f"{what} is not valid JSON: {e}") from None
     return value
@@ -461,7 +448,7 @@ def reload_lines(reload: dict[str, Any]) -> str:
     if not reload.get("ok"):
         error = str(reload.get("error") or "")
         out += ["  " + line for line in error.splitlines()]
-        if not error.startswith("the deployment is in force"):  # else its upgrades failed
+        if not upgrades_unchecked(reload):
             out.append("  the previous deployment stays in force")
     for c in reload.get("changes") or []:
         digest = c.get("new_digest") or c.get("old_digest") or ""

@@ -15,6 +15,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any, NotRequired, TypedDict, cast
 
 DEFAULT_API_URL = "http://127.0.0.1:5005"
@@ -127,6 +128,30 @@ class DeploymentInfo(TypedDict):
     #: The start or the last reload attempt (`engine.reload.ReloadStatus.to_json`):
     #: generation, at, trigger, ok, error, changes, upgrades, pinned, duration_ms, ….
     reload: dict[str, Any]
+
+
+#: How a reload's error starts when the new deployment is in force and only its workflow
+#: upgrade checks failed (`engine.reload`): not "the previous version stays".
+UPGRADES_UNCHECKED = "the deployment is in force, but its workflow upgrades failed"
+
+
+def upgrades_unchecked(reload: Mapping[str, Any]) -> bool:
+    """Whether a failed reload (`DeploymentInfo.reload`) is in force all the same."""
+    return str(reload.get("error") or "").startswith(UPGRADES_UNCHECKED)
+
+
+def lock_held(info: ExecutionInfo, now: datetime) -> bool:
+    """Whether the execution's `lock_expires_at` is worth showing: a locked one's always
+    (an expired one says so), a blocked workflow's only while a run still holds it."""
+    state: Mapping[str, Any] = info["state"]
+    while state.get("type") in ("paused", "cancelling") and isinstance(
+        state.get("underlying"), dict
+    ):
+        state = state["underlying"]
+    expires = info["lock_expires_at"]
+    if state.get("type") != "blocked_by_join_set" or expires is None:
+        return True
+    return datetime.fromisoformat(expires.replace("Z", "+00:00")) > now
 
 
 class PersistBacktracesAnswer(TypedDict):

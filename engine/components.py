@@ -65,20 +65,27 @@ class Registry:
     def validate_params(self, ffqn: str, params: Any) -> list[Any]:
         """Check params against the function's WIT types (SPEC §9.2); name the bad one."""
         info, _ = self.function(ffqn)
-        if not isinstance(params, list):
-            raise InvalidParams(f"params of {ffqn} must be a JSON array")
-        if len(params) != len(info.params):
-            expected = ", ".join(f"{p.name}: {p.type_text}" for p in info.params) or "none"
-            raise InvalidParams(
-                f"{ffqn} takes {len(info.params)} parameter(s) ({expected}), got {len(params)}"
-            )
-        out: list[Any] = []
-        for i, (param, value) in enumerate(zip(info.params, params, strict=True)):
-            try:
-                out.append(validate_json(value, param.type, f"params[{i}] ({param.name})"))
-            except WitValueError as e:
-                raise InvalidParams(f"{ffqn}: {e}") from None
-        return out
+        return validate_params(info, params)
+
+
+def validate_params(info: FunctionInfo, params: Any) -> list[Any]:
+    """`params` checked against the declared types of `info` and normalized;
+    `InvalidParams` naming the function and the bad parameter."""
+    ffqn = info.ffqn
+    if not isinstance(params, list):
+        raise InvalidParams(f"params of {ffqn} must be a JSON array")
+    if len(params) != len(info.params):
+        expected = ", ".join(f"{p.name}: {p.type_text}" for p in info.params) or "none"
+        raise InvalidParams(
+            f"{ffqn} takes {len(info.params)} parameter(s) ({expected}), got {len(params)}"
+        )
+    out: list[Any] = []
+    for i, (param, value) in enumerate(zip(info.params, params, strict=True)):
+        try:
+            out.append(validate_json(value, param.type, f"params[{i}] ({param.name})"))
+        except WitValueError as e:
+            raise InvalidParams(f"{ffqn}: {e}") from None
+    return out
 
 
 def file_digest(data: bytes) -> str:

@@ -220,6 +220,33 @@ class BaseExecutor:
         """Stopping, and runs did not end within `STOP_GRACE_SECONDS` of their interrupt:
         workflow runs are waited for (they answer interrupts at their next host call)."""
 
+    async def _append_if_held(
+        self,
+        locked: LockedExecution,
+        event: ev.Event,
+        now: datetime,
+        extras: AppendExtras | None = None,
+        *,
+        cancelling: bool = False,
+    ) -> bool:
+        """Append `event` for a run from outside it (after a cancellation, at a stop), at
+        the version read now, if the execution is still locked by that run (and, with
+        `cancelling`, being cancelled). False when it is not, or moved on meanwhile."""
+        try:
+            s = await self.storage.get_summary(locked.execution_id)
+        except NotFound:
+            return False
+        u = s.underlying
+        if not (isinstance(u, Locked) and u.run_id == locked.run_id):
+            return False
+        if cancelling and not s.cancelling:
+            return False
+        try:
+            await self.storage.append(locked.execution_id, s.next_version, [event], now, extras)
+        except (Conflict, NotFound):
+            return False
+        return True
+
     def _slot_freed_threadsafe(self) -> None:
         """A run ended or a reserved slot was given back, on any thread: wake the loop
         only if it waits for a slot (no loop wake-up per run otherwise)."""
@@ -480,14 +507,9 @@ class ActivityExecutor(BaseExecutor):
                 execution_id,
             )
             del self._inflight[execution_id]
-            with contextlib.suppress(Conflict, NotFound, StorageError):
-                s = await self.storage.get_summary(execution_id)
-                u = s.underlying
-                if isinstance(u, Locked) and u.run_id == locked.run_id:
-                    now = self.clock.now()
-                    await self.storage.append(
-                        execution_id, s.next_version, [ev.Unlocked(now, "executor closing")], now
-                    )
+            now = self.clock.now()
+            with contextlib.suppress(StorageError):
+                await self._append_if_held(locked, ev.Unlocked(now, "executor closing"), now)
 
     def _finish_if_still_running(self, locked: LockedExecution, done: Future[None]) -> None:
         """On the loop, when the cancellation of a running execution was requested: the
@@ -521,20 +543,9 @@ class ActivityExecutor(BaseExecutor):
         """A cancellation requested during the run appended `cancellation_requested` while
         the execution stays locked by this run: finish it after that event (SPEC §8) with
         the run's final result, or `cancelled` if the run would have been retried."""
-        try:
-            s = await self.storage.get_summary(locked.execution_id)
-        except NotFound:
-            return False
-        u = s.underlying
-        if not (s.cancelling and isinstance(u, Locked) and u.run_id == locked.run_id):
-            return False
         if not isinstance(event, ev.Finished):
             event = ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
-        try:
-            await self.storage.append(locked.execution_id, s.next_version, [event], now, extras)
-        except (Conflict, NotFound):
-            return False
-        return True
+        return await self._append_if_held(locked, event, now, extras, cancelling=True)
 
 
 #: A cancelled activity run that has not ended this long after the request (blocked in a

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import watchfiles
 
+from engine.client import UPGRADES_UNCHECKED
 from engine.components import (
     LoadedComponent,
     Registry,
@@ -352,13 +353,8 @@ class ReloadManager:
 
     async def current_status(self) -> ReloadStatus:
         """The last status, with `pinned` and `orphaned` counted now."""
-        status = self._status
-        pinned = await self._pinned_summary()
-        orphaned = status.orphaned
-        if orphaned:
-            ffqns = [o.ffqn for o in orphaned]
-            orphaned = await self._orphaned(self.engine.registry, ffqns, warn=False)
-        return msgspec.structs.replace(status, pinned=pinned, orphaned=orphaned)
+        status = msgspec.structs.replace(self._status, pinned=await self._pinned_summary())
+        return await self._with_orphaned(status, self.engine.registry, ())
 
     def subscribe(self) -> ReloadSubscription:
         return ReloadSubscription(self)
@@ -488,7 +484,7 @@ class ReloadManager:
             # The new version runs anyway: the deployment is in force, and a storage
             # that fails this cannot lock executions for it either.
             upgrades = []
-            error = f"the deployment is in force, but its workflow upgrades failed: {e}"
+            error = f"{UPGRADES_UNCHECKED}: {e}"
             log.error("%s", error)
         running = {id(e.component) for e in engine.executors if e not in pinned}
         for executor in engine.executors:
@@ -587,9 +583,9 @@ class ReloadManager:
 
     # -- old versions -----------------------------------------------------------------------
     def revive_soon(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Thread-safe (`loop`: the engine's): an execution was just pinned to a version that may not be loaded
-        (a workflow executor found, when it locked it, that its history does not replay
-        on the deployed code): make sure an executor runs that version."""
+        """Thread-safe (`loop`: the engine's): an execution was just pinned to a version
+        that may not be loaded (a workflow executor found, when it locked it, that its
+        history does not replay on the deployed code): make sure an executor runs it."""
         if not self._stopping:
             loop.call_soon_threadsafe(self._start_revive)
 

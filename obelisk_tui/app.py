@@ -20,7 +20,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import LoadingIndicator, Static
 
-from engine.client import ApiError, ServerUnreachable
+from engine.client import ApiError, ServerUnreachable, upgrades_unchecked
 from engine.gc_tuning import tune_gc
 from obelisk_tui.backend import ConsoleBackend
 from obelisk_tui.commands import ExecutionCommands, ScreenCommands
@@ -201,7 +201,7 @@ class ObeliskApp(App[None]):
                 continue
             generation = reload["generation"]
             ok = bool(reload.get("ok"))
-            in_force = str(reload.get("error") or "").startswith("the deployment is in force")
+            in_force = upgrades_unchecked(reload)
             self.notify(
                 reload_summary(reload) if ok else str(reload.get("error")),
                 title="hot reload"

@@ -8,7 +8,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from engine.client import EventEntry, ExecutionInfo, ParamInfo, ResponseEntry
+from engine.client import (
+    DeploymentInfo,
+    EventEntry,
+    ExecutionInfo,
+    FunctionExport,
+    ParamInfo,
+    ResponseEntry,
+)
 from engine.storage.contract import LIST_ORDERS, ListFilter, ListOrder
 
 # ---------------------------------------------------------------------------------------
@@ -519,6 +526,12 @@ def template_value(type_text: str) -> Any:
         return value(parse_wit_type(type_text))
     except ValueError:
         return None
+
+
+def exported_functions(deployment: DeploymentInfo) -> list[FunctionExport]:
+    """Every function the deployment exports, by FFQN."""
+    exports = (f for c in deployment["components"] for f in c["exports"])
+    return sorted(exports, key=lambda f: f["ffqn"])
 
 
 def stub_template(return_type: str | None) -> str:

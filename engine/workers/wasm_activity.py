@@ -339,20 +339,10 @@ class WasmEngine:
         digest = f"sha256:{hexdigest}"
         cache_file = None
         if cache_dir is not None:
-            cache_file = Path(cache_dir) / f"{hexdigest}-{cache_tag()}.cwasm"
-            # Read into memory rather than `deserialize_file`: that one mmaps the file, and a
-            # cache file rewritten in place later would crash the process (SIGBUS).
-            try:
-                cached = cache_file.read_bytes()
-            except OSError:
-                cached = None
+            cache_file = _cache_file(cache_dir, hexdigest)
+            cached = self._from_cache(cache_file)
             if cached is not None:
-                try:
-                    component = wc.Component.deserialize(self.engine, cached)
-                    _COMPONENT_ENGINES[component] = self
-                    return LoadedComponent(component, digest, cache_hit=True)
-                except WasmtimeError as e:
-                    _log.warning("ignoring unusable compiled cache %s: %s", cache_file, e)
+                return LoadedComponent(cached, digest, cache_hit=True)
         try:
             component = wc.Component(self.engine, data)
         except WasmtimeError as e:
@@ -372,15 +362,20 @@ class WasmEngine:
     def load_cached(self, digest: str, cache_dir: Path | str) -> wc.Component | None:
         """The compiled component of file digest `sha256:…` from `cache_dir`, if it is
         there and usable: how an old version whose file changed is run again."""
-        hexdigest = digest.removeprefix("sha256:")
+        return self._from_cache(_cache_file(cache_dir, digest.removeprefix("sha256:")))
+
+    def _from_cache(self, cache_file: Path) -> wc.Component | None:
+        """A compiled component from the cache; None if absent or unusable."""
+        # Read into memory rather than `deserialize_file`: that one mmaps the file, and a
+        # cache file rewritten in place later would crash the process (SIGBUS).
         try:
-            cached = (Path(cache_dir) / f"{hexdigest}-{cache_tag()}.cwasm").read_bytes()
+            cached = cache_file.read_bytes()
         except OSError:
             return None
         try:
             component = wc.Component.deserialize(self.engine, cached)
         except WasmtimeError as e:
-            _log.warning("ignoring unusable compiled cache of %s: %s", digest, e)
+            _log.warning("ignoring unusable compiled cache %s: %s", cache_file, e)
             return None
         _COMPONENT_ENGINES[component] = self
         return component
@@ -476,6 +471,11 @@ def _check_header(data: bytes, label: str) -> None:
     else:
         reason = "not a WebAssembly binary (bad magic number)"
     raise ComponentLoadError(f"not a WebAssembly component: {label}: {reason}")
+
+
+def _cache_file(cache_dir: Path | str, hexdigest: str) -> Path:
+    """Where the compiled code of a component file (by its SHA-256) is cached."""
+    return Path(cache_dir) / f"{hexdigest}-{cache_tag()}.cwasm"
 
 
 def cache_tag() -> str:

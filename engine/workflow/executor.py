@@ -19,14 +19,13 @@ from typing import Any
 
 from engine.components import Registry
 from engine.core import events as ev
-from engine.core.state import Locked, on_temporary_failure
+from engine.core.state import on_temporary_failure
 from engine.executor import BaseExecutor, _err_type, _ok_type
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
     DirectLock,
     LockedExecution,
-    NotFound,
 )
 from engine.wit.codec import WitValueError, validate_json
 from engine.workflow.host import ReplayHost
@@ -114,17 +113,8 @@ class WorkflowExecutor(BaseExecutor):
         """A run stopped by a cancellation still holds the lock: release it at once, so
         that the cancellation driver tears the workflow down (SPEC §8) without waiting
         for the lock to expire."""
-        try:
-            s = await self.storage.get_summary(locked.execution_id)
-        except NotFound:
-            return
-        u = s.underlying
-        if s.cancelling and isinstance(u, Locked) and u.run_id == locked.run_id:
-            now = self.clock.now()
-            with contextlib.suppress(Conflict):
-                await self.storage.append(
-                    locked.execution_id, s.next_version, [ev.Unlocked(now, "cancelled")], now
-                )
+        now = self.clock.now()
+        await self._append_if_held(locked, ev.Unlocked(now, "cancelled"), now, cancelling=True)
 
     def _drive(self, host: ReplayHost, locked: LockedExecution) -> None:
         """On the worker thread: run the guest, close join sets, write the outcome."""

@@ -26,10 +26,11 @@ from typing import Any, Literal, TypeVar, cast
 
 import msgspec
 
-from engine.components import LoadedComponent, Registry
+from engine.components import LoadedComponent, Registry, validate_params
 from engine.core import events as ev
 from engine.core.clock import Clock
 from engine.core.ids import new_run_id
+from engine.errors import InvalidParams
 from engine.storage.contract import (
     Conflict,
     LockedExecution,
@@ -38,7 +39,6 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
-from engine.wit.codec import WitValueError, validate_json
 from engine.workflow.executor import WorkflowExecutor
 from engine.workflow.host import ReplayHost
 from engine.workflow.host_api import RunAborted
@@ -159,16 +159,10 @@ def params_mismatch(target: LoadedComponent, ffqn: str, params: list[Any]) -> st
     info = target.functions.get(ffqn)
     if info is None:
         return f"the new version does not export {ffqn}"
-    if len(params) != len(info.params):
-        return (
-            f"the new version of {ffqn} takes {len(info.params)} parameter(s), the execution "
-            f"was created with {len(params)}"
-        )
-    for i, (param, value) in enumerate(zip(info.params, params, strict=True)):
-        try:
-            validate_json(value, param.type, f"params[{i}] ({param.name})")
-        except WitValueError as e:
-            return f"its params do not fit the new version's types: {e}"
+    try:
+        validate_params(info, params)
+    except InvalidParams as e:
+        return f"its params do not fit the new version's types: {e}"
     return None
 
 

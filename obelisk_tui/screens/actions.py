@@ -22,6 +22,14 @@ def applicable(action: str, targets: list[ExecutionInfo]) -> bool:
     return any(model.refusal(action, t) is None for t in targets)
 
 
+def key_state(action: str, targets: list[ExecutionInfo]) -> bool | None:
+    """`check_action`'s answer for an action key: shown (True), greyed (None: pressing it
+    says why), or, for the rarely applicable stub, hidden (False) where it does not apply."""
+    if applicable(action, targets):
+        return True
+    return False if action == "stub" else None
+
+
 def explain(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> None:
     """Say why an action that the footer shows disabled does not apply."""
     if not targets:

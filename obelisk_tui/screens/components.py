@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from engine.client import ApiError, ComponentInfo, DeploymentInfo
+from engine.client import ApiError, ComponentInfo, DeploymentInfo, upgrades_unchecked
 from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, DeploymentReloaded
 from obelisk_tui.screens.base import ObeliskScreenMixin
@@ -28,7 +28,7 @@ def reload_summary(reload: dict[str, Any]) -> str:
     if trigger == "start":
         return f"started {at}"
     if not reload.get("ok"):  # the error follows, in full
-        if str(reload.get("error") or "").startswith("the deployment is in force"):
+        if upgrades_unchecked(reload):
             return f"reloaded {at} ({trigger}), but its workflow upgrades were not checked"
         return f"reload FAILED {at} ({trigger}) — the previous version stays"
     changes = reload.get("changes") or []

@@ -283,10 +283,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         if action in ("act", "stub"):
             if self.info is None:
                 return None
-            what = str(parameters[0]) if action == "act" else "stub"
-            if what == "stub":  # rare: in the footer only where it applies
-                return actions.applicable(what, [self.info])
-            return True if actions.applicable(what, [self.info]) else None
+            return actions.key_state(str(parameters[0]) if action == "act" else "stub", [self.info])
         if action == "parent":
             return True if self.info is not None and self.info["parent_id"] else None
         return True

@@ -193,10 +193,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
             if not self.is_mounted:
                 return True
             targets = self.query_one(ExecutionList).targets()
-            what = str(parameters[0]) if action == "act" else "stub"
-            if what == "stub":  # rare: in the footer only where it applies
-                return actions.applicable(what, targets)
-            return True if actions.applicable(what, targets) else None
+            return actions.key_state(str(parameters[0]) if action == "act" else "stub", targets)
         return True
 
     def action_explain(self, action: str) -> None:

@@ -59,10 +59,9 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
             self.obelisk.report_error(e)
             return
         ffqn = self.info["ffqn"]
-        for component in deployment["components"]:
-            for fn in component["exports"]:
-                if fn["ffqn"] == ffqn:
-                    self.return_type = fn["return_type"]
+        for fn in model.exported_functions(deployment):
+            if fn["ffqn"] == ffqn:
+                self.return_type = fn["return_type"]
         signature = Text(ffqn, "bold")
         if self.return_type:
             signature.append(" -> ")

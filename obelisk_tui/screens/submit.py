@@ -87,9 +87,7 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
                 )
                 await asyncio.sleep(RETRY_SECONDS)
         self.query_one("#signature", Static).update("pick a function")
-        self.functions = sorted(
-            (f for c in deployment["components"] for f in c["exports"]), key=lambda f: f["ffqn"]
-        )
+        self.functions = model.exported_functions(deployment)
         self._fill(self.query_one("#function-filter", Input).value)  # typed meanwhile
         if self.preselect:
             self._choose(self.preselect)

@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
 
-from engine.client import ExecutionInfo
+from engine.client import ExecutionInfo, lock_held
 from obelisk_tui import model
 from obelisk_tui.widgets.row_list import RowList
 
@@ -219,12 +219,10 @@ def render_execution(
     label, colour = model.state_label(info)
     state = info["state"]
     under = model.state_name(model.underlying(state))
-    when_at = info.get("lock_expires_at") if under in ("locked", "blocked_by_join_set") else None
-    if under == "blocked_by_join_set" and when_at is not None:
-        # A blocked workflow's lock matters while a warm run holds it; once past, no
-        # run does, and "5m ago" would read as something overdue.
-        expires = model.parse_ts(when_at)
-        when_at = when_at if expires is not None and expires > now else None
+    # A blocked workflow's lock only while a warm run holds it ("5m ago" would read as
+    # something overdue).
+    held = under in ("locked", "blocked_by_join_set") and lock_held(info, now)
+    when_at = info.get("lock_expires_at") if held else None
     when_at = when_at or (info.get("scheduled_at") if under == "pending_at" else None)
     created = model.parse_ts(info["created_at"])
     cells: dict[str, tuple[str, str]] = {

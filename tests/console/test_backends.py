@@ -206,6 +206,13 @@ async def test_the_console_attached_to_a_server_on_postgresql(
         await engine.stop()
 
 
+async def api_server(engine: Engine, port: int | None = None) -> TestServer:
+    """The REST API of `engine`, started (on `port`, or any free one)."""
+    server = TestServer(make_app(engine, TOKEN), port=port)
+    await server.start_server()
+    return server
+
+
 async def test_the_attached_console_marks_a_lost_server_once_and_resumes(
     console_engine: Engine,
 ) -> None:
@@ -213,8 +220,7 @@ async def test_the_attached_console_marks_a_lost_server_once_and_resumes(
     mark in the header (not a toast per retry); back on the same address: unmarked."""
     from tests.console.conftest import open_console, until
 
-    server = TestServer(make_app(console_engine, TOKEN))
-    await server.start_server()
+    server = await api_server(console_engine)
     port = server.port
     rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
     try:
@@ -235,8 +241,7 @@ async def test_the_attached_console_marks_a_lost_server_once_and_resumes(
             await until(pilot, lambda: "DISCONNECTED" in app.sub_title, what="the mark")
             await asyncio.sleep(2.5)  # follow_changes retries each second meanwhile
             assert unreachable_toasts() == 1
-            server = TestServer(make_app(console_engine, TOKEN), port=port)
-            await server.start_server()
+            server = await api_server(console_engine, port)  # back on the same address
             await until(pilot, lambda: "DISCONNECTED" not in app.sub_title, what="unmarked")
             assert titles[-1] == "server"  # "connected again"
     finally:
@@ -250,8 +255,7 @@ async def test_the_submit_dialog_lists_the_functions_once_the_server_is_back(
     from obelisk_tui.screens.submit import SubmitScreen
     from tests.console.conftest import open_console, screen_text, until
 
-    server = TestServer(make_app(console_engine, TOKEN))
-    await server.start_server()
+    server = await api_server(console_engine)
     port = server.port
     rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
     try:
@@ -268,8 +272,7 @@ async def test_the_submit_dialog_lists_the_functions_once_the_server_is_back(
             )
             dialog = app.screen
             assert isinstance(dialog, SubmitScreen) and dialog.functions == []
-            server = TestServer(make_app(console_engine, TOKEN), port=port)
-            await server.start_server()
+            server = await api_server(console_engine, port)  # back on the same address
             await until(pilot, lambda: bool(dialog.functions), what="the functions", timeout=15)
             assert "cannot list the functions" not in screen_text(app)
     finally:
