@@ -216,6 +216,17 @@ async def test_cancel_running_spin(start_engine: StartEngine, tmp_path: Path) ->
     await legal(engine, eid)
 
 
+#: Long enough to outlast the checks below, short enough to wait for at the end: a run
+#: left behind keeps a slot of the process-wide pooled engine until its sleep ends.
+SLEEP_MS = 8_000
+
+
+def asleep_run(engine: Engine, eid: str) -> asyncio.Future[None]:
+    """Resolved when the run of `eid` (in progress) has ended."""
+    executor = next(e for e in engine.executors if eid in e._inflight)
+    return asyncio.wrap_future(executor._inflight[eid][0])  # type: ignore[arg-type]
+
+
 async def test_cancel_of_a_run_blocked_in_a_wasi_sleep_does_not_wait_for_it(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
@@ -223,8 +234,9 @@ async def test_cancel_of_a_run_blocked_in_a_wasi_sleep_does_not_wait_for_it(
     engine = await start(
         start_engine, tmp_path, wasm_section("activity_py", path, max_retries=0, lock_ms=120_000)
     )
-    eid = await engine.submit("myapp:demo/activity.step", [1, 60_000])  # sleeps a minute
+    eid = await engine.submit("myapp:demo/activity.step", [1, SLEEP_MS])
     await wait_state(engine, eid, "locked")
+    run_ended = asleep_run(engine, eid)
     # Nothing marks the moment the guest enters its sleep (a blocking WASI call that
     # epoch interruption cannot reach); it is there well within this.
     await asyncio.sleep(1.0)
@@ -239,6 +251,7 @@ async def test_cancel_of_a_run_blocked_in_a_wasi_sleep_does_not_wait_for_it(
     executor = next(e for e in engine.executors if "myapp:demo/activity.step" in e.ffqns)
     assert eid in executor._inflight
     await legal(engine, eid)
+    await asyncio.wait_for(run_ended, 20)  # its pooled slot is free for the next tests
 
 
 async def test_stop_does_not_wait_for_a_run_blocked_in_a_wasi_sleep(tmp_path: Path) -> None:
@@ -250,8 +263,9 @@ async def test_stop_does_not_wait_for_a_run_blocked_in_a_wasi_sleep(tmp_path: Pa
     deployment = tmp_path / "deployment.toml"
     deployment.write_text(wasm_section("activity_py", path, max_retries=0, lock_ms=120_000))
     engine = await Engine.start(deployment, tmp_path / "data", watch=False)
-    eid = await engine.submit("myapp:demo/activity.step", [1, 60_000])
+    eid = await engine.submit("myapp:demo/activity.step", [1, SLEEP_MS])
     await wait_state(engine, eid, "locked")
+    run_ended = asleep_run(engine, eid)
     await asyncio.sleep(1.0)  # into its sleep (see the test above)
     started = time.monotonic()
     await engine.stop()
@@ -262,6 +276,7 @@ async def test_stop_does_not_wait_for_a_run_blocked_in_a_wasi_sleep(tmp_path: Pa
         assert last == ev.Unlocked(last.backoff_expires_at, "executor closing")  # type: ignore[union-attr]
     finally:
         await storage.close()
+    await asyncio.wait_for(run_ended, 20)  # its pooled slot is free for the next tests
 
 
 # ---------------------------------------------------------------------------------------------
