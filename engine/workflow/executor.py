@@ -22,7 +22,6 @@ from engine.core import events as ev
 from engine.core.state import on_temporary_failure
 from engine.executor import BaseExecutor, _err_type, _ok_type
 from engine.storage.contract import (
-    AppendExtras,
     Conflict,
     DirectLock,
     LockedExecution,
@@ -233,8 +232,12 @@ class WorkflowExecutor(BaseExecutor):
                 )
                 return
             # A child never outlives its parent: close what is still open (SPEC §7.3).
-            host.close_all()
-            leftover = host.leftover_history()
+            # History the code did not reach is reported as such, not as a mismatch of
+            # the closing `join_next`s that this close would write.
+            leftover = host.leftover_history(closing_next=True)
+            if leftover is None:
+                host.close_all()
+                leftover = host.leftover_history()
             if leftover is not None:
                 host.failure = ev.ExecutionFailure(
                     "nondeterminism_detected", "nondeterminism detected", leftover
@@ -269,18 +272,18 @@ class WorkflowExecutor(BaseExecutor):
             return ev.ExecutionFailure("uncategorized", f"invalid {what}", str(e))
 
     def _finish_aborted(self, host: ReplayHost) -> None:
-        if host.failure is None:
-            return  # unloaded / lock lost / released: nothing to write
-        now = self.clock.now()
-        # The guest's logs up to the failure are kept (they tell what it did).
-        extras = AppendExtras(logs=host.logs, run_id=host.run_id)
+        """Finish with `host.failure` (nondeterminism, a constraint violation), after
+        closing the join sets the log has; nothing to write for a run that was only
+        stopped (unloaded, lock lost, released)."""
+        failure = host.failure
+        if failure is None:
+            return
         try:
-            host._sync(
-                self.storage.append(
-                    host.execution_id, host.version, [ev.Finished(host.failure)], now, extras
-                )
-            )
-        except Conflict as e:
-            log.info(
-                "workflow %s: could not record %s: %s", host.execution_id, host.failure.kind, e
-            )
+            host.close_from_log()
+            # The guest's logs up to the failure are kept (they tell what it did).
+            host.flush([ev.Finished(failure)])
+        except RunAborted as e:
+            # Waiting for children that are awaited (`interrupt`: unloaded; `await`: the
+            # lock ran out), interrupted, or the lock is gone: a later run fails the
+            # same way and carries on from the log.
+            log.info("workflow %s: %s not recorded yet: %s", host.execution_id, failure.kind, e)

@@ -92,7 +92,9 @@ class _JoinSet:
 
 @dataclass(frozen=True, slots=True)
 class AbortReason:
-    kind: str  # "interrupted" | "unloaded" | "lock_lost" | "nondeterminism" | "cancelled"
+    #: "interrupted" | "unloaded" | "lock_lost" | "nondeterminism" | "constraint_violation"
+    #: | "cancelled"
+    kind: str
     detail: str = ""
 
 
@@ -157,7 +159,9 @@ class ReplayHost:
         self._consumed_by_js: dict[str, int] = {}
         self._results: dict[str, dict[str, Any]] = {}
         self.join_sets: dict[str, _JoinSet] = {}
-        self._join_set_counter = 0
+        #: Join sets created so far per kind, which numbers them (`o:1-step`, `g:1`, SPEC
+        #: §2): one-off and generated ones count separately; named ones are not numbered.
+        self._join_set_counts = {"o": 0, "g": 0}
         self._persist_counter = 0
         self._buffer: list[ev.Event] = []
         self._creates: list[CreateRequest] = []
@@ -262,6 +266,14 @@ class ReplayHost:
         self._check()
         if self.lock_expires_at - self.clock.now() < LOCK_EXTENSION_LEEWAY:
             self.flush()
+
+    def _constraint_violation(self, detail: str) -> RunAborted:
+        """A misuse of the host API the code may not catch (SPEC §7.3: submitting into a
+        closed join set): the execution finishes `uncategorized`, its join sets closed."""
+        self.failure = ev.ExecutionFailure(
+            "uncategorized", f"constraint violation: {detail}", detail
+        )
+        return self._abort("constraint_violation", detail)
 
     def _nondeterminism(self, detail: str) -> RunAborted:
         self.failure = ev.ExecutionFailure(
@@ -475,12 +487,10 @@ class ReplayHost:
     # ------------------------------------------------------------------------------
     def _new_join_set(self, kind: str, name: str | None) -> str:
         self._enter()
-        self._join_set_counter += 1
-        k = self._join_set_counter
-        if kind == "o":
-            js = str(JoinSetId("o", f"{k}-{name}"))
-        elif kind == "g":
-            js = str(JoinSetId("g", str(k)))
+        if kind != "n":
+            self._join_set_counts[kind] += 1
+            k = self._join_set_counts[kind]
+            js = str(JoinSetId("o", f"{k}-{name}") if kind == "o" else JoinSetId("g", str(k)))
         else:
             assert name is not None
             js = str(JoinSetId("n", JoinSetId.validate_name(name)))
@@ -505,7 +515,7 @@ class ReplayHost:
         if js is None:
             raise WorkflowCallError(f"unknown join set {join_set_id}")
         if js.closed:
-            raise WorkflowCallError(f"join set {join_set_id} is closed")
+            raise self._constraint_violation(f"join set {join_set_id} is closed")
         return js
 
     def submit(self, join_set_id: str, ffqn: str, params: list[Any]) -> str:
@@ -654,7 +664,7 @@ class ReplayHost:
         if js is None:
             raise WorkflowCallError(f"unknown join set {join_set_id}")
         if js.closed and not closing:
-            raise WorkflowCallError(f"join set {join_set_id} is closed")
+            raise self._constraint_violation(f"join set {join_set_id} is closed")
         if self._unprocessed(js) == 0:
             want_too_many = ev.JoinNextTooMany(join_set_id, requested_ffqn)
             if self._match(want_too_many) is None:
@@ -829,6 +839,48 @@ class ReplayHost:
                 js.closed = False
                 self.join_set_close(js_id)
 
+    def close_from_log(self) -> None:
+        """Close the join sets the log has (SPEC §7.3), with no guest code: after a
+        nondeterminism or a constraint violation the code's view is not the log's, yet a
+        child never outlives its parent. The state is rebuilt from the whole recorded
+        history, then closed as on return; a later run that fails the same way again
+        continues where this one stopped (waiting for awaited children)."""
+        if self._interrupt.is_set():  # cancelled, paused or stopping meanwhile: not now
+            raise RunAborted("interrupted")
+        self.aborted = None
+        self._buffer, self._buffer_stacks, self._creates = [], [], []
+        self.join_sets = {}
+        self._consumed_by_js = {}
+        waiting: str | None = None  # a recorded join_next whose response has not come
+        for _, h in self.history:
+            match h:
+                case ev.JoinSetCreate(join_set_id=js_id):
+                    self.join_sets[js_id] = _JoinSet(js_id)
+                case ev.JoinSetRequest(join_set_id=js_id, request=request):
+                    js = self.join_sets.setdefault(js_id, _JoinSet(js_id))
+                    if isinstance(request, ev.ChildExecutionRequest):
+                        js.members.append(request.child_execution_id)
+                        js.member_ffqn[request.child_execution_id] = request.target_ffqn
+                    else:
+                        js.members.append(request.delay_id)
+                        js.member_ffqn[request.delay_id] = None
+                case (
+                    ev.JoinNext(join_set_id=js_id)
+                    | ev.JoinNextTry(join_set_id=js_id, outcome="found")
+                ) if js_id in self.join_sets:
+                    stored = self._take_response(js_id)
+                    if stored is None:
+                        waiting = js_id  # the last one of its join set
+                    else:
+                        self._answer(self.join_sets[js_id], stored)
+                case _:
+                    pass
+        self.cursor = len(self.history)
+        if waiting is not None:
+            # The run that wrote the log was blocked on it: its response comes first.
+            self._answer(self.join_sets[waiting], self._wait_response(waiting, blocked=True))
+        self.close_all()
+
     def get_result(self, child_execution_id: str) -> dict[str, Any]:
         result = self._results.get(child_execution_id)
         if result is None:
@@ -996,10 +1048,18 @@ class ReplayHost:
     # ------------------------------------------------------------------------------
     # end of run
     # ------------------------------------------------------------------------------
-    def leftover_history(self) -> str | None:
+    def leftover_history(self, *, closing_next: bool = False) -> str | None:
+        """After the function returned: the recorded history it did not reach, if any.
+        With `closing_next`, a closing `join_next` next is fine (the implicit close that
+        follows matches it)."""
         if self.cursor < len(self.history):
             version, got = self.history[self.cursor]
-            return f"the function returned, but the log continues at version {version} with {_describe(got)}"
+            if closing_next and isinstance(got, ev.JoinNext) and got.closing:
+                return None
+            return (
+                f"the function returned, but the log continues at version {version} "
+                f"with {_describe(got)}"
+            )
         return None
 
 

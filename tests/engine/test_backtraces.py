@@ -335,10 +335,10 @@ async def test_each_call_line_is_recorded_against_its_versions(
         ("request step", submit2),
         ("join_next", next1),
         ("join_next", next2),
-        ("create o:2-sleep", sleep),
+        ("create o:1-sleep", sleep),
         ("request delay", sleep),
         ("join_next", sleep),
-        ("create o:3-step", direct),
+        ("create o:2-step", direct),
         ("request step", direct),
         ("join_next", direct),
     ]

@@ -379,12 +379,18 @@ export default function closedSubmit() {{
 """
 
 
+CAUGHT = ('answerSubmit(js, "too late");', 'try { answerSubmit(js, "too late"); } catch (e) {}')
+
+
+@pytest.mark.parametrize("caught", [False, True], ids=["uncaught", "caught"])
 async def test_submitting_into_a_closed_join_set_is_uncategorized(
-    start_engine: StartEngine,
+    start_engine: StartEngine, caught: bool
 ) -> None:
+    """A constraint violation (SPEC §7.3): the code cannot catch it and go on."""
+    source = CLOSED_SUBMIT_JS.replace(*CAUGHT) if caught else CLOSED_SUBMIT_JS
     engine = await start_engine(
         ACTIVITIES + workflow("closedSubmit"),
-        files={"step.js": STEP_JS, "closedSubmit.js": CLOSED_SUBMIT_JS},
+        files={"step.js": STEP_JS, "closedSubmit.js": source},
     )
     eid = await engine.submit(ffqn_of("closedSubmit"), [])
     result = await engine.result(eid, timeout=20)
@@ -652,6 +658,145 @@ async def test_an_incompatible_edit_is_detected_as_nondeterminism(
     # The new code wrote nothing (its check stores no logs either).
     assert len(child_requests(events)) == 2
     assert "new code" not in [line.message for line in await engine.storage.get_logs(eid)]
+
+
+# A callee's declared params change while the engine is stopped: the workflow's own
+# source (its digest) is the same, so no upgrade check runs, but its replay takes
+# another path (the call's params no longer validate) and meets a mismatch.
+RETYPED_JS = f"""
+{OBELISK}
+{STUB_EXT}
+import {{ step }} from "myapp:demo/activity";
+import {{ ans2 }} from "myapp:demo/stubs2";
+export default function retyped() {{
+  const js = obelisk.createJoinSet();
+  answerSubmit(js, "held");
+  js.submitDelay({{ hours: 1 }});
+  let r;
+  try {{ r = ans2("q"); }} catch (e) {{ r = "fallback:" + step(9, 0); }}
+  return r;
+}}
+"""
+
+
+def ans2_stub(param_type: str) -> str:
+    return f"""
+[[activity_stub]]
+name = "ans2"
+ffqn = "myapp:demo/stubs2.ans2"
+params = [{{ name = "q", type = "{param_type}" }}]
+return_type = "result<string, string>"
+"""
+
+
+@pytest.mark.parametrize("strategy", ["await", "interrupt"])
+async def test_nondeterminism_closes_the_join_sets_of_the_log(
+    start_engine: StartEngine, strategy: str
+) -> None:
+    """SPEC §7.3: a child never outlives its parent, also when the parent fails with
+    `nondeterminism_detected` — the join sets its log has are closed (members cancelled
+    newest first, one closing `join_next` each) before `finished`, without its code."""
+    files = {"step.js": STEP_JS, "retyped.js": RETYPED_JS}
+    deployment = ACTIVITIES + workflow("retyped", strategy=strategy, lock_ms=500)
+    engine = await start_engine(deployment + ans2_stub("string"), files=files)
+    eid = await engine.submit(ffqn_of("retyped"), [])
+    asked = await child_of(engine, eid, "myapp:demo/stubs2.ans2")
+    assert asked == f"{eid}.o:1-ans2_1"  # one-off join sets are numbered on their own
+    held = await child_of(engine, eid, "myapp:demo/stubs.answer")
+    assert held == f"{eid}.g:1_1"
+    await wait_state(engine, eid, "blocked_by_join_set")
+    await engine.stop()
+
+    engine = await start_engine(deployment + ans2_stub("u32"), files=files)
+    await engine.stub(asked, {"ok": "x"})
+    result = await engine.result(eid, timeout=20)
+    assert isinstance(result, ev.ExecutionFailure), result
+    assert result.kind == "nondeterminism_detected"
+    assert result.detail is not None and "o:1-ans2" in result.detail, result.detail
+    events = await checked_log(engine, eid)
+    closing = [e.event.event for e in events if is_closing(e.event)]  # type: ignore[union-attr]
+    assert [j.join_set_id for j in closing] == ["g:1", "g:1"]
+    assert events[-1].version > version_of(events, is_closing)[-1]
+    # Reverse submission order: the delay was answered (cancelled) first, then the child.
+    responses = [r.response for r in await engine.storage.get_responses(eid)]
+    assert isinstance(responses[-2], ev.DelayFinished) and responses[-2].outcome == "cancelled"
+    assert isinstance(responses[-1], ev.ChildExecutionFinished)
+    assert responses[-1].child_execution_id == held
+    assert responses[-1].result == ev.ExecutionFailure("cancelled", "cancellation requested")
+    assert state_name((await row(engine, held)).state) == "finished"
+
+
+INNER_JS = """
+import { answer } from "myapp:demo/stubs";
+export default function inner() { return answer("inner"); }
+"""
+RETYPED_WITH_CHILD_WORKFLOW_JS = RETYPED_JS.replace(
+    'answerSubmit(js, "held");', "innerSubmit(js);"
+).replace(
+    'import { step } from "myapp:demo/activity";',
+    'import { step } from "myapp:demo/activity";\n'
+    'import { innerSubmit } from "myapp:demo-obelisk-ext/workflow";',
+)
+
+
+@pytest.mark.parametrize("strategy", ["await", "interrupt"])
+async def test_nondeterminism_awaits_child_workflows_before_finishing(
+    start_engine: StartEngine, strategy: str
+) -> None:
+    """The close after a nondeterminism awaits a child workflow that is not cancellable;
+    each later run fails the same way and carries on from the log, until it answers."""
+    files = {"step.js": STEP_JS, "retyped.js": RETYPED_WITH_CHILD_WORKFLOW_JS}
+    files["inner.js"] = INNER_JS
+    deployment = ACTIVITIES + workflow("inner") + workflow("retyped", strategy=strategy)
+    engine = await start_engine(deployment + ans2_stub("string"), files=files)
+    eid = await engine.submit(ffqn_of("retyped"), [])
+    asked = await child_of(engine, eid, "myapp:demo/stubs2.ans2")
+    inner = await child_of(engine, eid, ffqn_of("inner"))
+    question = await child_of(engine, inner, "myapp:demo/stubs.answer")
+    await wait_state(engine, eid, "blocked_by_join_set")
+    await engine.stop()
+
+    engine = await start_engine(deployment + ans2_stub("u32"), files=files)
+    await engine.stub(asked, {"ok": "x"})
+
+    async def closing_written() -> bool:
+        return bool(version_of(await engine.storage.get_events(eid), is_closing))
+
+    await wait_until(closing_written, what="the closing join_next")
+    await wait_state(engine, eid, "blocked_by_join_set")
+    assert (await row(engine, eid)).result is None  # not finished while its child runs
+    await engine.stub(question, {"ok": "answered"})
+    assert await engine.result(inner, timeout=20) == ev.ResultOk("answered")
+    result = await engine.result(eid, timeout=20)
+    assert isinstance(result, ev.ExecutionFailure), result
+    assert result.kind == "nondeterminism_detected"
+    events = await checked_log(engine, eid)
+    assert len(version_of(events, is_closing)) == 2  # the delay's, then the child's
+
+
+RETURNS_EARLY_JS = RETYPED_JS.replace('r = "fallback:" + step(9, 0);', 'return "early";')
+
+
+async def test_history_left_over_at_return_is_named_as_such(start_engine: StartEngine) -> None:
+    """SPEC §7.1: the function returned with recorded history left over — the detail says
+    so (not a mismatch of the implicit close), and the join sets are closed."""
+    files = {"step.js": STEP_JS, "retyped.js": RETURNS_EARLY_JS}
+    deployment = ACTIVITIES + workflow("retyped", lock_ms=500)
+    engine = await start_engine(deployment + ans2_stub("string"), files=files)
+    eid = await engine.submit(ffqn_of("retyped"), [])
+    asked = await child_of(engine, eid, "myapp:demo/stubs2.ans2")
+    await wait_state(engine, eid, "blocked_by_join_set")
+    await engine.stop()
+
+    engine = await start_engine(deployment + ans2_stub("u32"), files=files)
+    await engine.stub(asked, {"ok": "x"})
+    result = await engine.result(eid, timeout=20)
+    assert isinstance(result, ev.ExecutionFailure) and result.kind == "nondeterminism_detected"
+    assert result.detail is not None
+    assert result.detail.startswith("the function returned, but the log continues at version")
+    assert "o:1-ans2" in result.detail, result.detail
+    events = await checked_log(engine, eid)
+    assert len(version_of(events, is_closing)) == 2
 
 
 async def test_an_edit_adding_console_logs_replays_fine(start_engine: StartEngine) -> None:

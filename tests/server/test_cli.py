@@ -695,6 +695,7 @@ def test_server_run_start_up_errors(tmp_path: Path, case: str, code: int, fragme
         blocker = tmp_path / "blocker"  # a file where the data dir's parent should be
         blocker.write_text("")
         args += ["--data-dir", str(blocker / "data")]
-    elif case == "bad --api-listen":
-        args += ["--api-listen", "localhost"]
+    # A free port (the default one may be taken on this machine), except for the case
+    # about the address itself.
+    args += ["--api-listen", "localhost" if case == "bad --api-listen" else "127.0.0.1:0"]
     assert fragment in _run_fails(args, tmp_path, code)
