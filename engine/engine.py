@@ -22,7 +22,13 @@ from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
 from engine.executor import ActivityExecutor, BaseExecutor, TimersWatcher
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
-from engine.storage.contract import CreateRequest, DirectLock, Storage, VersionConflict
+from engine.storage.contract import (
+    CreateRequest,
+    DirectLock,
+    Storage,
+    StorageError,
+    VersionConflict,
+)
 from engine.storage.sqlite import SqliteStorage
 from engine.workers.pool import RunPool
 from engine.workflow.cancellation import CancellationDriver
@@ -99,6 +105,10 @@ class Engine:
 
         data = Path(data_dir)
         deployment = load_deployment(deployment_path)
+        try:  # the compiled cache (and the SQLite database) live there
+            (data / "cache").mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot use the data directory {data}: {e.strerror or e}") from None
         wasm_engine = WasmEngine()
         registry = await load_registry(deployment, wasm_engine, data / "cache")
         # After compiling (its threads keep every CPU), before the storage's writer.

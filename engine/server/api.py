@@ -418,13 +418,14 @@ async def _stats(request: web.Request) -> web.Response:
 
 
 MAX_WAIT_SECONDS = 60.0
+DEFAULT_WAIT_SECONDS = 25.0
 
 
 async def _changes(request: web.Request) -> web.Response:
     """Long poll: answer once anything was committed after generation `since` (or after
     `timeout` seconds), with the current generation. Clients refresh on a new value."""
     since = _int_query(request, "since", -1, -1)
-    timeout = min(_float_query(request, "timeout") or 25.0, MAX_WAIT_SECONDS)
+    timeout = _long_poll_timeout(request)
     assert since is not None
     feed = request.app[ENGINE_KEY].storage.changes()
     generation = await feed.wait_changed(since, timeout)
@@ -455,6 +456,13 @@ async def _submit(request: web.Request) -> web.Response:
         raise ApiProblem(400, "field `execution_id` must be a string")
     eid = await engine.submit(ffqn, params, execution_id=execution_id)
     return _json({"execution_id": eid}, 201, {"Location": f"/v1/executions/{eid}"})
+
+
+def _long_poll_timeout(request: web.Request) -> float:
+    """`timeout` of a long poll: 25 s by default, at most `MAX_WAIT_SECONDS`; 0 answers
+    at once."""
+    timeout = _float_query(request, "timeout")
+    return min(DEFAULT_WAIT_SECONDS if timeout is None else timeout, MAX_WAIT_SECONDS)
 
 
 async def _result(request: web.Request) -> web.Response:
@@ -608,7 +616,7 @@ async def _deployment(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     after = _int_query(request, "after", None, -1)
     if after is not None:  # long poll for the next reload
-        timeout = min(_float_query(request, "timeout") or 25.0, MAX_WAIT_SECONDS)
+        timeout = _long_poll_timeout(request)
         await engine.wait_reload(after, timeout)
     return _json(await deployment_info(engine))
 

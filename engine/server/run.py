@@ -105,12 +105,15 @@ async def start_server(
 ) -> RunningServer:
     """Start the engine, then the API on host:port (port 0: any free port).
 
-    Raises DeploymentError / StorageError from the engine, OSError when the address
-    cannot be bound (the engine is stopped again then).
+    Raises DeploymentError / StorageError / OSError from the engine, CannotListen when
+    the address cannot be bound (before the engine starts).
     """
     # Bound first: a busy address fails before the engine touches the data dir (and
     # before its executors run anything).
-    socks = _listening_sockets(host, port)
+    try:
+        socks = _listening_sockets(host, port)
+    except OSError as e:
+        raise CannotListen(host, port, e) from e
     try:
         engine = await Engine.start(
             deployment, data_dir, database_url=database_url, cpu_affinity=cpu_affinity
@@ -143,6 +146,21 @@ async def start_server(
             bound_port = int(address[1])
             break
     return RunningServer(engine, runner, host, bound_port)
+
+
+class CannotListen(OSError):
+    """The API address cannot be bound (busy, not an address of this host…)."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        reason = (
+            "address already in use"
+            if cause.errno == errno.EADDRINUSE
+            else (cause.strerror or str(cause))
+        )
+        super().__init__(cause.errno, f"cannot listen on {_url(host, port)}: {reason}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def _listening_sockets(host: str, port: int) -> list[socket.socket]:
@@ -203,9 +221,12 @@ async def _serve(
     except (DeploymentError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except OSError as e:
-        reason = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
-        print(f"error: cannot listen on {_url(host, port)}: {reason}", file=sys.stderr)
+    except CannotListen as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the data dir (a file where a directory should be, no access…)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

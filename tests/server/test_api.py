@@ -838,6 +838,9 @@ async def test_changes_long_poll(client: TestClient[Any, Any]) -> None:
     # Nothing written: the poll answers at its timeout with the same generation.
     r = await client.get("/v1/changes", params={"since": str(now), "timeout": "0.05"})
     assert (await r.json())["generation"] == now
+    # timeout=0 answers at once (not after the default 25 s).
+    zero = client.get("/v1/changes", params={"since": str(now), "timeout": "0"})
+    assert (await (await asyncio.wait_for(zero, 10)).json())["generation"] == now
     waiting = asyncio.ensure_future(client.get("/v1/changes", params={"since": str(now)}))
     await asyncio.sleep(0)
     assert not waiting.done()
@@ -853,6 +856,8 @@ async def test_deployment_long_poll_answers_after_a_reload(
     g = first["reload"]["generation"]
     r = await client.get("/v1/deployment", params={"after": str(g), "timeout": "0.05"})
     assert (await r.json())["reload"]["generation"] == g  # timed out: the current one
+    zero = client.get("/v1/deployment", params={"after": str(g), "timeout": "0"})
+    assert (await (await asyncio.wait_for(zero, 10)).json())["reload"]["generation"] == g
     waiting = asyncio.ensure_future(client.get("/v1/deployment", params={"after": str(g)}))
     await asyncio.sleep(0)
     (tmp_path / "deployment.toml").write_text("[[activity_stub]]\nffqn = 3\n")

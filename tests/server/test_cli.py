@@ -680,7 +680,8 @@ def test_server_run_port_in_use(tmp_path: Path) -> None:
     [
         ("missing deployment", 1, "nope.toml: deployment file not found"),
         ("malformed deployment", 1, "malformed TOML"),
-        ("data dir not writable", 1, "cannot open database"),
+        ("data dir not writable", 1, "cannot use the data directory"),
+        ("data dir is a file", 1, "afile: Not a directory"),
         ("bad --api-listen", 2, "--api-listen"),
     ],
 )
@@ -695,6 +696,9 @@ def test_server_run_start_up_errors(tmp_path: Path, case: str, code: int, fragme
         blocker = tmp_path / "blocker"  # a file where the data dir's parent should be
         blocker.write_text("")
         args += ["--data-dir", str(blocker / "data")]
+    elif case == "data dir is a file":
+        (tmp_path / "afile").write_text("")
+        args += ["--data-dir", str(tmp_path / "afile")]
     # A free port (the default one may be taken on this machine), except for the case
     # about the address itself.
     args += ["--api-listen", "localhost" if case == "bad --api-listen" else "127.0.0.1:0"]
