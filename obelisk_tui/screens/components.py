@@ -132,7 +132,10 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns("name", "type", "exports", "digest", "file")
-        self.load()
+        # The first load comes with the ScreenResume that follows the mount.
+
+    def on_screen_resume(self) -> None:
+        self.load()  # what changed while a screen was on top of this one
 
     def on_deployment_reloaded(self, message: DeploymentReloaded) -> None:
         self.show(message.deployment)

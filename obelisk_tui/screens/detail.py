@@ -110,9 +110,14 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#detail-title", Static).update(Text(f" {self.execution_id}", "bold"))
-        self.load()
+        # The first load comes with the ScreenResume that follows the mount.
 
     def on_data_changed(self, _: DataChanged) -> None:
+        self.load()
+
+    def on_screen_resume(self) -> None:
+        # Changes are announced to the top screen only: what happened while a dialog or
+        # a child's screen was on top is shown now.
         self.load()
 
     def on_tick(self, _: Tick) -> None:

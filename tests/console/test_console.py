@@ -434,6 +434,39 @@ async def test_stub_from_the_console(console_engine: Engine) -> None:
         assert await engine.result(order, timeout=10) == ev.ResultOk("order o-1 approved")
 
 
+async def test_a_screen_shows_what_changed_while_another_was_on_top(
+    console_engine: Engine,
+) -> None:
+    """Changes are announced to the top screen: one uncovered again reloads."""
+    from obelisk_tui.screens.stub import StubScreen
+
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        order, approval = await blocked_order(engine, pilot)
+        await open_detail(app, pilot, order)
+        order_screen = app.screen
+        await open_detail(app, pilot, approval)
+        approval_screen = app.screen
+        await pilot.press("S")
+        await until(pilot, lambda: isinstance(app.screen, StubScreen), what="the stub dialog")
+        # Written elsewhere (the CLI, another console) while the dialog is open: the last
+        # commits of both executions happen now. The live refresh is frozen, so that no
+        # announcement of them comes late to the uncovered screens: they load anyway.
+        app.frozen = True
+        await engine.stub(approval, {"ok": True})
+        assert await engine.result(order, timeout=10) == ev.ResultOk("order o-1 approved")
+
+        def finished(screen: Any) -> bool:
+            return screen.info is not None and screen.info["state"]["type"] == "finished"
+
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is approval_screen, what="the dialog closed")
+        await until(pilot, lambda: finished(approval_screen), what="the approval finished")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is order_screen, what="the order's screen")
+        await until(pilot, lambda: finished(order_screen), what="the order finished")
+
+
 async def test_cancel_of_a_waiting_cancellable_workflow(console_engine: Engine) -> None:
     engine = console_engine
     async with open_console(engine) as (app, pilot):
