@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-import urllib.parse
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -39,6 +38,7 @@ from engine.client import (
     LogEntry,
     ResponseEntry,
     ServerUnreachable,
+    api_url_problem,
     lock_held,
     upgrades_unchecked,
 )
@@ -222,10 +222,10 @@ def _status_lines(info: ExecutionInfo) -> str:
 
 def _client(args: argparse.Namespace) -> ApiClient:
     url = getattr(args, "api_url", None) or os.environ.get(API_URL_ENV) or DEFAULT_API_URL
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    problem = api_url_problem(url)
+    if problem is not None:
         source = "--api-url" if getattr(args, "api_url", None) else API_URL_ENV
-        raise UsageError(f"{source} {url!r} is not an http(s) URL (e.g. {DEFAULT_API_URL})")
+        raise UsageError(f"{source} {problem}")
     return ApiClient(url, os.environ.get(TOKEN_ENV) or None)
 
 

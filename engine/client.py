@@ -387,11 +387,11 @@ class ApiClient:
             with e:
                 raise ApiError(e.code, error_message(e.code, e.read())) from None
         except urllib.error.URLError as e:
-            raise ServerUnreachable(self.base_url, _reason(e.reason)) from None
+            raise ServerUnreachable(self.base_url, connection_error_reason(e.reason)) from None
         except TimeoutError:
             raise ServerUnreachable(self.base_url, "timed out") from None
         except OSError as e:
-            raise ServerUnreachable(self.base_url, _reason(e)) from None
+            raise ServerUnreachable(self.base_url, connection_error_reason(e)) from None
         except http.client.HTTPException as e:
             raise ServerUnreachable(self.base_url, f"not an HTTP answer ({e!r})") from None
         if not payload:
@@ -408,7 +408,20 @@ def _query_value(value: str | int | float | bool) -> str:
     return str(value)
 
 
-def _reason(reason: object) -> str:
+def api_url_problem(url: str) -> str | None:
+    """Why `url` cannot be an API address (None when it can): http(s), a host, a port."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL (e.g. {DEFAULT_API_URL})"
+    try:
+        parts.port  # noqa: B018 -- raises for a port out of range
+    except ValueError:
+        return f"{url!r} has an invalid port"
+    return None
+
+
+def connection_error_reason(reason: object) -> str:
+    """A short reason for a failed connection (refused, unknown host, timed out…)."""
     if isinstance(reason, ConnectionRefusedError):
         return "connection refused"
     if isinstance(reason, TimeoutError):
@@ -449,5 +462,7 @@ __all__ = [
     "ResponseEntry",
     "ServerUnreachable",
     "SubmitAnswer",
+    "api_url_problem",
+    "connection_error_reason",
     "error_message",
 ]

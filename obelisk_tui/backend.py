@@ -31,6 +31,7 @@ from engine.client import (
     LogEntry,
     ResponseEntry,
     ServerUnreachable,
+    connection_error_reason,
     error_message,
 )
 from engine.storage.contract import ListFilter
@@ -310,8 +311,12 @@ class RestBackend:
                 if r.status >= 400:
                     raise ApiError(r.status, error_message(r.status, data))
                 return _decode(data)
+        except aiohttp.ClientConnectorError as e:  # refused, unknown host…
+            raise ServerUnreachable(self.base_url, connection_error_reason(e.os_error)) from None
         except aiohttp.ClientConnectionError as e:
             raise ServerUnreachable(self.base_url, str(e) or type(e).__name__) from None
+        except aiohttp.InvalidURL:
+            raise ApiError(None, f"{self.base_url} is not an http(s) URL") from None
         except TimeoutError:
             raise ServerUnreachable(self.base_url, "timed out") from None
 

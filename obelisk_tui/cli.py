@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.serve:
         return _serve(args)
+    from engine.client import api_url_problem
     from obelisk_tui.app import ObeliskApp
     from obelisk_tui.backend import ConsoleBackend, EmbeddedBackend, RestBackend
 
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         async def connect() -> ConsoleBackend:
             return await RestBackend.connect(url, token)
 
-        error = _preflight_attach(url, token)
+        problem = api_url_problem(url)
+        error = f"--attach {problem}" if problem else _preflight_attach(url, token)
         if error:
             print(f"error: {error}", file=sys.stderr)
             return 1
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _preflight_attach(url: str, token: str | None) -> str | None:
     """Check the server answers (and takes the token) before the screen is taken over."""
-    from engine.client import ApiError
+    from engine.client import ApiError, ServerUnreachable
     from obelisk_tui.backend import RestBackend
 
     async def probe() -> None:
@@ -161,6 +163,8 @@ def _preflight_attach(url: str, token: str | None) -> str | None:
     except ApiError as e:
         if e.status == 401:
             return f"{url} refused the API token: {e.message} (set {TOKEN_ENV})"
+        if isinstance(e, ServerUnreachable):
+            return f"{e.message}: is `obelisk server run` running?"
         return e.message
     return None
 

@@ -27,8 +27,10 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
     [
         (
             ["--attach", "http://127.0.0.1:9"],
-            "cannot reach the obelisk server at http://127.0.0.1:9",
+            "cannot reach the obelisk server at http://127.0.0.1:9: connection refused",
         ),
+        (["--attach", "127.0.0.1:5005"], "--attach '127.0.0.1:5005' is not an http(s) URL"),
+        (["--attach", "http://localhost:99999"], "has an invalid port"),
         (["--deployment", "missing.toml"], "missing.toml: deployment file not found"),
         ([], "give --deployment FILE, --demo or --attach URL"),
         (["--serve", "--serve-listen", "nowhere"], "--serve-listen: expected HOST:PORT"),
