@@ -32,11 +32,12 @@ class ExecutionCommands(Provider):
             )
         except ApiError:
             return
+        wanted = "E_" + text[2:]
         for info in rows:
             label, _ = model.state_label(info)
             eid = info["execution_id"]
             yield Hit(
-                100.0,
+                _id_score(eid, wanted),
                 f"Open execution {eid}",
                 partial(self.obelisk.open_execution, eid),
                 help=f"{info['ffqn']} · {label}",
@@ -49,6 +50,13 @@ class ExecutionCommands(Provider):
 
     def _hint(self) -> None:
         self.app.notify("In the command palette, type an execution id (E_…) to open it.")
+
+
+def _id_score(execution_id: str, typed: str) -> float:
+    """The exact id first, then the closest (a parent before its children)."""
+    if execution_id == typed:
+        return 1.0
+    return 0.9 - min(len(execution_id) - len(typed), 500) / 1000
 
 
 class ScreenCommands(Provider):

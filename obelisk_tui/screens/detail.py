@@ -9,7 +9,6 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane, Tree
 
@@ -28,6 +27,7 @@ from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.widgets.children_tree import ChildrenTree
 from obelisk_tui.widgets.event_log import EventLog
+from obelisk_tui.widgets.key_scroll import KeyScroll
 from obelisk_tui.widgets.log_view import LogView
 from obelisk_tui.widgets.source_view import SourceView
 from obelisk_tui.widgets.state_view import StateView
@@ -95,7 +95,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         yield Header(show_clock=False)
         yield Static(id="detail-title")
         with TabbedContent(id="tabs", initial="state"):
-            with TabPane("1 State", id="state"), VerticalScroll():
+            with TabPane("1 State", id="state"), KeyScroll(id="state-scroll"):
                 yield StateView(id="state-view")
             with TabPane("2 Events", id="events"):
                 yield EventLog(id="event-log")
@@ -104,7 +104,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
                 yield ChildrenTree(id="children-tree")
             with TabPane("4 Logs", id="logs"):
                 yield LogView(id="log-view")
-            with TabPane("5 Result", id="result"), VerticalScroll():
+            with TabPane("5 Result", id="result"), KeyScroll(id="result-scroll"):
                 yield Static(id="result-view")
         yield Footer()
 
@@ -130,7 +130,11 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
     @on(TabbedContent.TabActivated)
     def _tab(self, _: TabbedContent.TabActivated) -> None:
         self.load()
-        if self.active_tab == "events":
+        if self.active_tab == "state":
+            self.query_one("#state-scroll", KeyScroll).focus()
+        elif self.active_tab == "result":
+            self.query_one("#result-scroll", KeyScroll).focus()
+        elif self.active_tab == "events":
             self.query_one(EventLog).focus()
         elif self.active_tab == "children":
             self.query_one(ChildrenTree).focus()

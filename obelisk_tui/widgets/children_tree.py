@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
@@ -50,6 +51,11 @@ def _order(info: ExecutionInfo) -> tuple[str, str, int]:
 
 class ChildrenTree(Tree[str]):
     """Node data: an execution id (or a delay id, which opens nothing)."""
+
+    BINDINGS = [
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+    ]
 
     DEFAULT_CSS = """
     ChildrenTree { height: 1fr; }

@@ -467,6 +467,36 @@ async def test_a_screen_shows_what_changed_while_another_was_on_top(
         await until(pilot, lambda: finished(order_screen), what="the order finished")
 
 
+async def test_keys_scroll_the_state_tab_and_move_in_the_children_tab(
+    console_engine: Engine,
+) -> None:
+    from textual.widgets import Tree
+
+    from obelisk_tui.widgets.key_scroll import KeyScroll
+
+    engine = console_engine
+    async with open_console(engine, size=(80, 24)) as (app, pilot):
+        eid = await engine.submit(FANOUT, [3])
+        await engine.result(eid, timeout=20)
+        await open_detail(app, pilot, eid)
+        scroll = app.screen.query_one("#state-scroll", KeyScroll)
+        await until(pilot, lambda: scroll.max_scroll_y > 0, what="a State tab taller than 24 rows")
+        assert app.focused is scroll  # the tab's content, not the tab bar
+        await pilot.press("j", "j")
+        await until(pilot, lambda: scroll.scroll_y >= 2, what="j scrolling")
+        await pilot.press("end")
+        await until(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y, what="end")
+        await pilot.press("3")
+        tree = app.screen.query_one(Tree)
+        await until(pilot, lambda: len(tree.root.children) == 3, what="the three children")
+        await until(pilot, lambda: app.focused is tree, what="the tree focused")
+        start = tree.cursor_line
+        await pilot.press("j", "j")
+        await until(pilot, lambda: tree.cursor_line == start + 2, what="j moving the cursor")
+        await pilot.press("k")
+        await until(pilot, lambda: tree.cursor_line == start + 1, what="k moving it back")
+
+
 async def test_cancel_of_a_waiting_cancellable_workflow(console_engine: Engine) -> None:
     engine = console_engine
     async with open_console(engine) as (app, pilot):
@@ -584,6 +614,24 @@ async def test_command_palette_opens_an_execution_by_id(console_engine: Engine) 
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
         assert app.screen.execution_id == eid  # type: ignore[attr-defined]
+
+
+async def test_command_palette_puts_the_exact_id_first(console_engine: Engine) -> None:
+    """A workflow's id is a prefix of its children's: typed whole, it is the first hit."""
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        order, approval = await blocked_order(engine, pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*order)
+        await until(
+            pilot,
+            lambda: f"Open execution {approval}" in screen_text(app)
+            and f"Open execution {order}" in screen_text(app),
+            what="both hits",
+        )
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
+        assert app.screen.execution_id == order  # type: ignore[attr-defined]
 
 
 async def test_help_and_quit(console_engine: Engine) -> None:
