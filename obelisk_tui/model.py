@@ -280,8 +280,11 @@ def event_summary(event: dict[str, Any]) -> str:
         return result_summary(event.get("result"))
     if kind == "component_upgrade_finished":
         outcome = event.get("outcome") or {}
+        digest = str(event.get("digest", ""))[:19]
+        if outcome.get("type") == "success":
+            return f"success: continues on {digest}"
         reason = f": {outcome['reason']}" if outcome.get("reason") else ""
-        return f"{outcome.get('type')} → {str(event.get('digest', ''))[:19]}{reason}"
+        return f"failed: stays on its version, not {digest}{reason}"
     if kind in ("paused", "unpaused", "cancellation_requested"):
         return ""
     if kind == "history_event":

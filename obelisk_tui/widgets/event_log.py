@@ -24,6 +24,10 @@ EVENT_COLOURS: dict[str, str] = {
 }
 
 
+#: Wide enough for every event name but `component_upgrade_finished`.
+NAME_WIDTH = 23
+
+
 class EventLog(RowList):
     DEFAULT_CSS = """
     EventLog { height: 1fr; }
@@ -32,6 +36,8 @@ class EventLog(RowList):
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id)
         self.events: list[EventEntry] = []
+        #: The EVENT column: its usual width, wider when a longer name is in the log.
+        self._name_width = NAME_WIDTH
 
     def set_events(self, events: list[EventEntry]) -> None:
         """Show `events` (the whole log so far); the cursor follows new ones while it is
@@ -41,6 +47,8 @@ class EventLog(RowList):
         self.events = list(events)
         if len(events) == shown:
             return
+        longest = max((len(model.event_name(e["event"])) for e in events[shown:]), default=0)
+        self._name_width = max(self._name_width, longest)
         self.rows_changed()
         if follow and events:
             if self.cursor == len(events) - 1:  # no move, but what it is on is new
@@ -51,7 +59,8 @@ class EventLog(RowList):
         return len(self.events)
 
     def render_header(self, width: int) -> Text:
-        return Text(f"{'VER':>4}  {'TIME (UTC)':<12}  {'EVENT':<24}  DETAIL     ◆ = backtrace")
+        event = "EVENT".ljust(self._name_width + 1)
+        return Text(f"{'VER':>4}  {'TIME (UTC)':<12}  {event}  DETAIL     ◆ = backtrace")
 
     def render_row(self, index: int, width: int) -> Text | None:
         entry = self.events[index]
@@ -67,6 +76,6 @@ class EventLog(RowList):
         text.append(f"{model.clock_time(model.parse_ts(entry['created_at'])):<12}  ", "dim")
         marker = "◆" if entry.get("backtrace_id") is not None else " "
         text.append(marker, "#f0c674")
-        text.append(f"{name:<23}  ", colour)
+        text.append(f"{name.ljust(self._name_width)}  ", colour)
         text.append(model.event_summary(event))
         return text

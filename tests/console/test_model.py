@@ -236,6 +236,16 @@ def test_spans_and_relative_times() -> None:
             "E_S a:b/c.mail in 5m",
         ),
         (ev.HistoryEvent(ev.Persist(7, ev.PersistRandomU64(0, 9))), "persist", "random_u64 = 7"),
+        (
+            ev.ComponentUpgradeFinished("sha256:" + "a" * 64, "D_1", ev.UpgradeSuccess()),
+            "component_upgrade_finished",
+            "success: continues on sha256:aaaaaaaaaaaa",
+        ),
+        (
+            ev.ComponentUpgradeFinished("sha256:" + "b" * 64, "D_1", ev.UpgradeFailed("at v3")),
+            "component_upgrade_finished",
+            "failed: stays on its version, not sha256:bbbbbbbbbbbb: at v3",
+        ),
     ],
 )
 def test_event_summaries(event: ev.Event, name: str, summary: str) -> None:
