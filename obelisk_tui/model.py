@@ -435,10 +435,14 @@ def parse_filter(text: str, order: ListOrder = "created_desc") -> ExecutionQuery
                 states.append(STATE_ALIASES[name.lower()])
             if not value:
                 raise ValueError("`state:` needs a state, e.g. state:locked,paused")
+        elif sep and key in ("ffqn", "f", "id", "i") and not value:
+            raise ValueError(f"`{word}` needs a prefix, e.g. ffqn:myapp:demo/ or id:E_01")
         elif sep and key in ("ffqn", "f"):
-            ffqn = value or None
+            ffqn = value
         elif sep and key in ("id", "i"):
-            id_prefix = value or None
+            id_prefix = value
+        elif sep and key in ("top", "top-level", "toplevel"):
+            raise ValueError(f"`{key}` takes no value: write `top`")
         elif word.lower() in ("top", "top-level", "toplevel"):
             top = True
         elif word.startswith(("E_", "e_")):

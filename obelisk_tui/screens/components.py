@@ -151,6 +151,10 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
             deployment = await self.obelisk.backend.deployment()
         except ApiError as e:
             self.obelisk.report_error(e)
+            if self.deployment is None and self.is_attached:  # nothing shown yet: say why
+                self.query_one("#reload-status", Static).update(
+                    Text(f"cannot read the deployment: {e.message} (retrying)", "#e0606a")
+                )
             return
         if self.is_attached:
             self.show(deployment)

@@ -40,6 +40,15 @@ def signature(fn: FunctionExport) -> Text:
 RETRY_SECONDS = 2.0
 
 
+def function_prompt(ffqn: str) -> Text:
+    """The function's name first, then its interface: one line that a narrow dialog
+    cuts at the end, where the shared namespace is, not in the middle of the name."""
+    interface, _, function = ffqn.rpartition(".")
+    return Text.assemble(
+        (function, "bold"), "  ", (interface, "dim"), no_wrap=True, overflow="ellipsis"
+    )
+
+
 class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
     """Dismissed with the new execution's id, or None."""
 
@@ -98,7 +107,7 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
         options.clear_options()
         for f in self.functions:
             if needle.lower() in f["ffqn"].lower():
-                options.add_option(Option(f["ffqn"], id=f["ffqn"]))
+                options.add_option(Option(function_prompt(f["ffqn"]), id=f["ffqn"]))
         if options.option_count:
             options.highlighted = 0
 

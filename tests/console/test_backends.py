@@ -278,3 +278,34 @@ async def test_the_submit_dialog_lists_the_functions_once_the_server_is_back(
     finally:
         await rest.close()
         await server.close()
+
+
+async def test_the_components_screen_says_why_it_is_empty_until_the_server_is_back(
+    console_engine: Engine,
+) -> None:
+    from obelisk_tui.screens.components import ComponentsScreen
+    from tests.console.conftest import open_console, screen_text, until
+
+    server = await api_server(console_engine)
+    port = server.port
+    rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
+    try:
+        async with open_console(backend=rest) as (app, pilot):
+            await server.close()
+            await pilot.press("C")
+            await until(
+                pilot,
+                lambda: (
+                    isinstance(app.screen, ComponentsScreen)
+                    and "cannot read the deployment" in screen_text(app)
+                ),
+                what="the screen's notice",
+            )
+            screen = app.screen
+            assert isinstance(screen, ComponentsScreen) and screen.deployment is None
+            server = await api_server(console_engine, port)  # back on the same address
+            await until(pilot, lambda: screen.deployment is not None, what="the deployment")
+            assert "cannot read the deployment" not in screen_text(app)
+    finally:
+        await rest.close()
+        await server.close()

@@ -604,6 +604,21 @@ async def test_submit_form_checks_params_and_opens_the_new_execution(
         assert await engine.result(detail.execution_id, timeout=30) == ev.ResultOk("10")
 
 
+async def test_the_submit_dialog_lists_one_function_per_line_at_80_columns(
+    console_engine: Engine,
+) -> None:
+    async with open_console(console_engine, size=(80, 24)) as (app, pilot):
+        await pilot.press("s")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, SubmitScreen) and bool(app.screen.functions),
+            what="the functions",
+        )
+        await until(pilot, lambda: "▊ order-cancellable  tes" in screen_text(app), what="names")
+        lines = screen_text(app).splitlines()
+        assert not any(line.strip(" █▊▎").startswith("test:console/") for line in lines)
+
+
 async def test_command_palette_opens_an_execution_by_id(console_engine: Engine) -> None:
     engine = console_engine
     eid = await engine.submit(APPROVE, ["p"])

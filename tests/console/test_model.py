@@ -155,7 +155,13 @@ def test_parse_filter_and_back(text: str, query: ExecutionQuery) -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("state:asleep", "unknown state 'asleep'"), ("state:", "needs a state")],
+    [
+        ("state:asleep", "unknown state 'asleep'"),
+        ("state:", "needs a state"),
+        ("ffqn:", "`ffqn:` needs a prefix"),
+        ("id:", "`id:` needs a prefix"),
+        ("top:yes", "`top` takes no value"),
+    ],
 )
 def test_parse_filter_errors(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
