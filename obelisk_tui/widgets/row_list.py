@@ -146,6 +146,10 @@ class RowList(ScrollView, can_focus=True):
         if self._header_lines <= y < self.size.height:
             self.refresh(Region(0, y, self.size.width, 1))
 
+    def on_resize(self) -> None:
+        # Moved while hidden (another tab on top, no size yet): show the cursor now.
+        self._scroll_to_cursor()
+
     def _scroll_to_cursor(self) -> None:
         top = self.first_visible
         if self.cursor < top:

@@ -497,6 +497,27 @@ async def test_keys_scroll_the_state_tab_and_move_in_the_children_tab(
         await until(pilot, lambda: tree.cursor_line == start + 1, what="k moving it back")
 
 
+async def test_the_events_tab_shows_the_version_travelled_to(console_engine: Engine) -> None:
+    engine = console_engine
+    async with open_console(engine, size=(100, 30)) as (app, pilot):
+        eid = await engine.submit(FANOUT, [20])
+        await engine.result(eid, timeout=20)
+        await open_detail(app, pilot, eid)
+        screen = app.screen
+        assert isinstance(screen, ExecutionDetailScreen)
+        await until(pilot, lambda: len(screen.steps) >= 45, what="the whole log")
+        await pilot.press(*["left_square_bracket"] * 3)  # from the State tab
+        await until(pilot, lambda: screen.travel == len(screen.steps) - 4, what="travelled")
+        await pilot.press("2")
+        log = screen.query_one(EventLog)
+        await until(
+            pilot,
+            lambda: log.size.height > 0 and log.cursor in log.visible_range(),
+            what="the travelled-to version in view",
+        )
+        assert log.cursor == screen.travel
+
+
 async def test_cancel_of_a_waiting_cancellable_workflow(console_engine: Engine) -> None:
     engine = console_engine
     async with open_console(engine) as (app, pilot):
