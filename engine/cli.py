@@ -341,6 +341,9 @@ def cmd_events(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(events)
         return 0
+    if not events:  # every log has `created`: only a version past the end gives none
+        print(f"no events from version {args.version or 0}")
+        return 0
     print(
         _table(
             ("VERSION", "CREATED", "EVENT"),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core import events as ev
-from engine.deployment import ComponentConfig, Deployment, Param
+from engine.deployment import ComponentConfig, Deployment, Param, is_ffqn
 from engine.errors import DeploymentError, InvalidParams, UnknownFunction
 from engine.wit.codec import WitValueError, validate_json
 from engine.wit.types import WitType, format_wit_type
@@ -58,6 +58,11 @@ class Registry:
         try:
             return self.functions[ffqn]
         except KeyError:
+            if not is_ffqn(ffqn):
+                raise UnknownFunction(
+                    f"{ffqn!r} is not an FFQN (namespace:package/interface.function, "
+                    "e.g. myapp:demo/activity.step)"
+                ) from None
             raise UnknownFunction(
                 f"function {ffqn} is not exported by any deployed component"
             ) from None

@@ -661,8 +661,10 @@ async def test_command_palette_puts_the_exact_id_first(console_engine: Engine) -
         await pilot.press(*order)
         await until(
             pilot,
-            lambda: f"Open execution {approval}" in screen_text(app)
-            and f"Open execution {order}" in screen_text(app),
+            lambda: (
+                f"Open execution {approval}" in screen_text(app)
+                and f"Open execution {order}" in screen_text(app)
+            ),
             what="both hits",
         )
         await pilot.press("enter")

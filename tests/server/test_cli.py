@@ -249,6 +249,7 @@ def test_events_responses_logs(cli: Cli, api: ApiClient) -> None:
     assert rows[2].split()[2:] == ["finished", "ok:", "true"]
     events = json.loads(cli.ok("execution", "events", eid, "--json", "--version", "1"))
     assert [e["event"]["type"] for e in events] == ["paused", "finished"]
+    assert cli.ok("execution", "events", eid, "--version", "99") == "no events from version 99\n"
 
     assert cli.ok("execution", "responses", eid) == "no responses\n"
     assert json.loads(cli.ok("execution", "responses", eid, "--json")) == []
@@ -432,6 +433,10 @@ def test_status_shows_the_start_of_a_huge_result() -> None:
 def test_server_side_errors(cli: Cli) -> None:
     assert cli.fails(1, "execution", "submit", "myapp:demo/x.y", "[]") == (
         "error: function myapp:demo/x.y is not exported by any deployed component"
+    )
+    assert cli.fails(1, "execution", "submit", "notanffqn", "[]") == (
+        "error: 'notanffqn' is not an FFQN (namespace:package/interface.function, "
+        "e.g. myapp:demo/activity.step)"
     )
     line = cli.fails(1, "execution", "submit", APPROVE, "[1]")
     assert "params[0] (order)" in line
