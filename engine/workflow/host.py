@@ -162,6 +162,9 @@ class ReplayHost:
         #: Join sets created so far per kind, which numbers them (`o:1-step`, `g:1`, SPEC
         #: §2): one-off and generated ones count separately; named ones are not numbered.
         self._join_set_counts = {"o": 0, "g": 0}
+        self._join_sets_created = 0
+        #: Numbered with one counter across kinds, as logs written before 2026-12-04.
+        self._numbered_across_kinds = False
         self._persist_counter = 0
         self._buffer: list[ev.Event] = []
         self._creates: list[CreateRequest] = []
@@ -174,6 +177,8 @@ class ReplayHost:
         self.aborted: AbortReason | None = None
         self.failure: ev.ExecutionFailure | None = None
         self._interrupt = threading.Event()
+        #: Why `interrupt()` was called last (`aborted` keeps the first reason only).
+        self._interrupted_by: AbortReason | None = None
         #: A response unblocked this warm run: its lock extension is written first by
         #: the next flush instead of in a transaction of its own (one commit less per
         #: blocking call; until then the execution is PendingAt, due at the old expiry).
@@ -242,6 +247,7 @@ class ReplayHost:
         """Stop the run from outside (cancellation, pause, shutdown). Thread-safe."""
         if self.aborted is None:
             self.aborted = AbortReason(kind, detail)
+        self._interrupted_by = AbortReason(kind, detail)
         self._interrupt.set()
         waiting = self._waiting
         if waiting is not None:
@@ -487,9 +493,12 @@ class ReplayHost:
     # ------------------------------------------------------------------------------
     def _new_join_set(self, kind: str, name: str | None) -> str:
         self._enter()
+        self._join_sets_created += 1
         if kind != "n":
             self._join_set_counts[kind] += 1
             k = self._join_set_counts[kind]
+            if self._numbered_across_kinds or self._logged_across_kinds(kind, name):
+                k = self._join_sets_created
             js = str(JoinSetId("o", f"{k}-{name}") if kind == "o" else JoinSetId("g", str(k)))
         else:
             assert name is not None
@@ -501,6 +510,20 @@ class ReplayHost:
             self._record(want)
         self.join_sets[js] = _JoinSet(js)
         return js
+
+    def _logged_across_kinds(self, kind: str, name: str | None) -> bool:
+        """Whether the history was written by an engine that numbered join sets of all
+        kinds with one counter (before 2026-12-04): then this run numbers them so too,
+        so that executions started before the change replay. Told by the first join set
+        whose number differs between the two ways."""
+        k = self._join_sets_created
+        if k == self._join_set_counts[kind] or not self.replaying:
+            return False
+        old = str(JoinSetId("o", f"{k}-{name}") if kind == "o" else JoinSetId("g", str(k)))
+        _, recorded = self.history[self.cursor]
+        if isinstance(recorded, ev.JoinSetCreate) and recorded.join_set_id == old:
+            self._numbered_across_kinds = True
+        return self._numbered_across_kinds
 
     def join_set_create(self, name: str | None = None) -> str:
         if name is None:
@@ -845,10 +868,18 @@ class ReplayHost:
         child never outlives its parent. The state is rebuilt from the whole recorded
         history, then closed as on return; a later run that fails the same way again
         continues where this one stopped (waiting for awaited children)."""
-        if self._interrupt.is_set():  # cancelled, paused or stopping meanwhile: not now
-            raise RunAborted("interrupted")
         self.aborted = None
-        self._buffer, self._buffer_stacks, self._creates = [], [], []
+        if self._interrupt.is_set():  # cancelled, paused or stopping meanwhile: not now
+            why = self._interrupted_by or AbortReason("interrupted")
+            raise self._abort(why.kind, why.detail)
+        # What the code did before a constraint violation is kept (its children are
+        # closed with the rest); after a nondeterminism nothing is buffered.
+        self.flush()
+        log_events = self._sync(self.storage.get_events(self.execution_id))
+        self.history = [
+            (e.version, e.event.event) for e in log_events if isinstance(e.event, ev.HistoryEvent)
+        ]
+        self._fetch_responses(0)
         self.join_sets = {}
         self._consumed_by_js = {}
         waiting: str | None = None  # a recorded join_next whose response has not come

@@ -111,6 +111,13 @@ class DryRunHost(ReplayHost):
         # Blocked where the old code was blocked: everything recorded was reproduced.
         raise self._abort(self.COMPATIBLE, f"waits for a response in {join_set_id}")
 
+    def _constraint_violation(self, detail: str) -> RunAborted:
+        if not self.replaying:
+            # Past the history: the new code's own doing, on its own run (SPEC §9.3
+            # fails an upgrade for nondeterminism only).
+            return self._abort(self.COMPATIBLE, "the new code went past the end of the history")
+        return super()._constraint_violation(detail)
+
     def _cancel_member(self, member: str, js: Any) -> None:
         raise self._abort(self.COMPATIBLE, "the new code closes a join set past the history")
 
@@ -133,7 +140,11 @@ def check_compatible(runner: Any, host: DryRunHost, params: list[Any]) -> tuple[
         if host.aborted is None and isinstance(outcome, WfAborted):
             return False, "the replay was interrupted"
         if host.aborted is None:
-            # It returned (or threw): closing its join sets may still match history.
+            # It returned (or threw): closing its join sets may still match history,
+            # other history it did not reach is reported as such (as a run does).
+            leftover = host.leftover_history(closing_next=True)
+            if leftover is not None:
+                return False, leftover
             host.close_all()
     except RunAborted:
         pass
@@ -144,7 +155,10 @@ def check_compatible(runner: Any, host: DryRunHost, params: list[Any]) -> tuple[
         if host.aborted.kind == DryRunHost.COMPATIBLE:
             return True, ""
         if host.failure is not None:
-            return False, host.failure.detail or host.failure.reason
+            failure = host.failure
+            if failure.kind == "nondeterminism_detected":
+                return False, failure.detail or failure.reason
+            return False, failure.reason  # "constraint violation: …"
         return False, f"the replay stopped: {host.aborted.kind} {host.aborted.detail}".strip()
     leftover = host.leftover_history()
     if leftover is not None:

@@ -774,6 +774,117 @@ async def test_nondeterminism_awaits_child_workflows_before_finishing(
     assert len(version_of(events, is_closing)) == 2  # the delay's, then the child's
 
 
+VIOLATES_AFTER_WRITING_JS = f"""
+{OBELISK}
+{STUB_EXT}
+import {{ step }} from "myapp:demo/activity";
+export default function violates() {{
+  const js = obelisk.createJoinSet();
+  answerSubmit(js, "held");
+  js.submitDelay({{ hours: 1 }});
+  step(1, 0);  // written (and, with `interrupt`, a new run) before the violation
+  const closed = obelisk.createJoinSet();
+  closed.close();
+  try {{ answerSubmit(closed, "late"); }} catch (e) {{}}
+  return "unreachable";
+}}
+"""
+
+
+@pytest.mark.parametrize("strategy", ["await", "interrupt"])
+async def test_a_constraint_violation_closes_what_the_run_opened(
+    start_engine: StartEngine, strategy: str
+) -> None:
+    """The join sets this very run created (not yet in the history it was given) are
+    closed too before the violation finishes the workflow `uncategorized`."""
+    engine = await start_engine(
+        ACTIVITIES + workflow("violates", strategy=strategy),
+        files={"step.js": STEP_JS, "violates.js": VIOLATES_AFTER_WRITING_JS},
+    )
+    eid = await engine.submit(ffqn_of("violates"), [])
+    result = await engine.result(eid, timeout=20)
+    assert isinstance(result, ev.ExecutionFailure) and result.kind == "uncategorized"
+    assert result.reason == "constraint violation: join set g:2 is closed"
+    events = await checked_log(engine, eid)
+    closing = [e.event.event for e in events if is_closing(e.event)]  # type: ignore[union-attr]
+    assert [j.join_set_id for j in closing] == ["g:1", "g:1"]
+    held = f"{eid}.g:1_1"
+    assert (await engine.result(held, timeout=5)) == ev.ExecutionFailure(
+        "cancelled", "cancellation requested"
+    )
+
+
+LATE_VIOLATION_V1 = f"""
+{OBELISK}
+{STUB_EXT}
+import {{ answer }} from "myapp:demo/stubs";
+export default function edited() {{
+  const js = obelisk.createJoinSet();
+  js.close();
+  return "v1:" + answer("q");
+}}
+"""
+LATE_VIOLATION_V2 = LATE_VIOLATION_V1.replace(
+    'return "v1:" + answer("q");', 'const r = answer("q");\n  answerSubmit(js, "late");'
+)
+
+
+async def test_an_edit_violating_only_past_the_history_is_a_compatible_upgrade(
+    start_engine: StartEngine,
+) -> None:
+    """SPEC §9.3 fails an upgrade for nondeterminism only: new code that replays the
+    whole history continues, and its later misuse fails its own run."""
+    engine = await start_edit_engine(start_engine, LATE_VIOLATION_V1)
+    eid = await engine.submit(ffqn_of("edited"), [])
+    question = await child_of(engine, eid, "myapp:demo/stubs.answer")
+    await wait_state(engine, eid, "blocked_by_join_set")
+    await engine.stop()
+    engine = await start_edit_engine(start_engine, LATE_VIOLATION_V2)
+    await engine.stub(question, {"ok": "x"})
+    result = await engine.result(eid, timeout=20)
+    assert isinstance(result, ev.ExecutionFailure) and result.kind == "uncategorized", result
+    events = await checked_log(engine, eid)
+    [upgrade] = [e.event for e in events if isinstance(e.event, ev.ComponentUpgradeFinished)]
+    assert isinstance(upgrade.outcome, ev.UpgradeSuccess)
+
+
+MIXED_KINDS_JS = """
+import * as obelisk from "obelisk:workflow@1.0.0";
+import { step } from "myapp:demo/activity";
+import { answer } from "myapp:demo/stubs";
+export default function mixedKinds() {
+  obelisk.createJoinSet();
+  const a = step(1, 0);
+  const b = answer("q");
+  return a + "-" + b + "-" + step(2, 0);
+}
+"""
+
+
+async def test_a_log_numbered_across_kinds_still_replays(
+    start_engine: StartEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logs written before join sets were numbered per kind (`g:1`, `o:2-step`, …) are
+    recognised and continued in their own numbering."""
+    from engine.workflow.host import ReplayHost
+
+    files = {"step.js": STEP_JS, "mixedKinds.js": MIXED_KINDS_JS}
+    deployment = ACTIVITIES + workflow("mixedKinds")
+    with monkeypatch.context() as m:  # the engine as it numbered before
+        m.setattr(ReplayHost, "_logged_across_kinds", lambda self, kind, name: True)
+        engine = await start_engine(deployment, files=files)
+        eid = await engine.submit(ffqn_of("mixedKinds"), [])
+        question = await child_of(engine, eid, "myapp:demo/stubs.answer")
+        assert question == f"{eid}.o:3-answer_1"
+        await wait_state(engine, eid, "blocked_by_join_set")
+        await engine.stop()
+    engine = await start_engine(deployment, files=files)
+    await engine.stub(question, {"ok": "x"})
+    assert await engine.result(eid, timeout=20) == ev.ResultOk("1-x-2")
+    events = await checked_log(engine, eid)
+    assert [r.child_execution_id for r in child_requests(events)][-1] == f"{eid}.o:4-step_1"
+
+
 RETURNS_EARLY_JS = RETYPED_JS.replace('r = "fallback:" + step(9, 0);', 'return "early";')
 
 

@@ -201,7 +201,7 @@ async def test_submit_with_execution_id_is_idempotent(client: TestClient[Any, An
             "`execution_id` must be a string",
         ),
         (b'{"ffqn": "myapp:demo/approval.nope", "params": []}', 404, "myapp:demo/approval.nope"),
-        (b'{"ffqn": "not an ffqn", "params": []}', 404, "not exported"),
+        (b'{"ffqn": "not an ffqn", "params": []}', 404, "is not an FFQN"),
     ],
 )
 async def test_submit_bad_input(
