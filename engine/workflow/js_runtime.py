@@ -75,7 +75,8 @@ Determinism
 `Date.now()`, `new Date()` and `Date()` read `host.now_ms()` (other `Date` constructor
 forms are untouched); `Math.random()` is a xoshiro128** PRNG seeded from a SHA-256 of
 `host.execution_id` (not recorded: replay reproduces it). There is no `process`,
-`fetch`, `setTimeout`, `performance` or filesystem. `console.log/info/warn/error/
+`fetch`, `setTimeout`, `performance`, filesystem, `WeakRef` or `FinalizationRegistry`
+(they depend on when the garbage collector runs). `console.log/info/warn/error/
 debug/trace` → `host.log(level, message)` (`log` → `info`).
 
 Values cross between Python and JS as JSON; integers beyond ±(2**53 − 1) cross as
@@ -88,7 +89,8 @@ return → `WfOk(value)` (through `JSON.stringify`: `undefined` → None, `BigIn
 throw → `WfErr(value)`: a `ChildExecutionError` / `AwaitNextError` → its `.value`, an
 `Error` → its message, anything else → the value as JSON. Misuse of the host API (a
 `WorkflowCallError` from the host, or a bad argument caught by the runtime, e.g. an
-invalid duration) throws a JS `TypeError`/`Error` that the guest may catch; uncaught it
+invalid duration) throws a JS `TypeError`/`Error` that the guest may catch (a
+constraint violation, e.g. submitting into a closed join set, is a `RunAborted`: below); uncaught it
 ends the run with `WfTrap(reason=message, detail=JS stack)`, as do engine errors (out of
 memory, stack overflow, a module that fails to load at run time, a promise that never
 settles).
@@ -441,6 +443,9 @@ const G = globalThis;
 const rawHost = G.__obelisk_host;
 delete G.__obelisk_host;
 delete G.performance;
+// Their callbacks and results depend on when the garbage collector runs: not replayable.
+delete G.WeakRef;
+delete G.FinalizationRegistry;
 let EXECUTION_ID = "";
 // Reads of the execution's id or seed before `__obelisk_init` (by the module's top-level
 // code, when a runner loads the module once for a heap image: such a module cannot use one).

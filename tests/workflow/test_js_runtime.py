@@ -307,11 +307,14 @@ def test_sandbox_has_no_ambient_access() -> None:
 export default function () {
   return [typeof process, typeof fetch, typeof setTimeout, typeof setInterval,
           typeof performance, typeof require, typeof __obelisk_host, typeof __obelisk_internal,
+          typeof WeakRef, typeof FinalizationRegistry,
           typeof obelisk, Object.isFrozen(obelisk)];
 }
 """
     assert run_js(src)[0] == WfOk(
         [
+            "undefined",
+            "undefined",
             "undefined",
             "undefined",
             "undefined",
