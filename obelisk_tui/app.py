@@ -52,9 +52,6 @@ class ObeliskApp(App[None]):
         Binding("C", "components", "Components"),
         Binding("space", "freeze", "Freeze"),
         Binding("r", "refresh", "Refresh", show=False),
-        # Ahead of the screens' own `esc` (back, clear the filter) while the key panel
-        # is open: `esc` closes it first.
-        Binding("escape", "hide_help_panel", show=False, priority=True),
     ]
 
     def __init__(
@@ -280,13 +277,11 @@ class ObeliskApp(App[None]):
         self.screen.post_message(DataChanged())
 
     def action_help(self) -> None:
-        if self.screen.query("HelpPanel"):
-            self.action_hide_help_panel()
-        else:
-            self.action_show_help_panel()
+        from obelisk_tui.screens.help import HelpScreen, sections
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(sections(self.screen)))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "hide_help_panel":
-            return bool(self.screen.query("HelpPanel"))
         needs_backend = action in ("submit", "components", "freeze", "refresh")
         return not (needs_backend and self.backend is None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from textual.binding import Binding
 from textual.widgets import TabbedContent, TextArea
 
 from engine.core import events as ev
@@ -673,27 +674,57 @@ async def test_command_palette_puts_the_exact_id_first(console_engine: Engine) -
 
 
 async def test_help_and_quit(console_engine: Engine) -> None:
-    async with open_console(console_engine) as (app, pilot):
+    from obelisk_tui.screens.help import HelpScreen
+
+    async with open_console(console_engine, size=(100, 40)) as (app, pilot):
         await pilot.press("question_mark")
-        await until(pilot, lambda: bool(app.screen.query("HelpPanel")), what="the help panel")
-        assert "Pause" in screen_text(app) and "Filter" in screen_text(app)
-        # The lists do not scroll sideways: their inherited keys are not listed.
-        assert "Scroll Left" not in screen_text(app) and "Page Right" not in screen_text(app)
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
+        await until(
+            pilot,
+            lambda: (
+                "mark the selected" in screen_text(app)
+                and "state:locked,paused" in screen_text(app)
+            ),
+            what="the list's keys and the filter syntax",
+        )
         await pilot.press("question_mark")
-        await until(pilot, lambda: not app.screen.query("HelpPanel"), what="help closed")
-        # `esc` closes it too, and only that (on an execution's screen it goes back).
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="help closed")
+        # On an execution's screen: its own keys; `esc` closes the help, and only that.
         eid = await console_engine.submit(APPROVE, ["help"])
         app.open_execution(eid)
         await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
         await pilot.press("question_mark")
-        await until(pilot, lambda: bool(app.screen.query("HelpPanel")), what="the help panel")
+        await until(pilot, lambda: "time travel: the state" in screen_text(app), what="its keys")
         await pilot.press("escape")
-        await until(pilot, lambda: not app.screen.query("HelpPanel"), what="help closed by esc")
-        assert isinstance(app.screen, ExecutionDetailScreen)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="closed")
         await pilot.press("escape")  # and now: back
         await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="the list")
         await pilot.press("q")
         await until(pilot, lambda: app._exit, what="the app to quit")  # type: ignore[attr-defined]
+
+
+def test_the_help_names_every_key_of_each_screen() -> None:
+    """The written guide keeps up with the bindings (a key added is a key explained)."""
+    from obelisk_tui.app import ObeliskApp
+    from obelisk_tui.screens import help as guide
+
+    def keys_of(rows: list[tuple[str, str]]) -> set[str]:
+        return {k for keys, _ in rows for k in keys.replace("…", " ").split()}
+
+    names = {"question_mark": "?", "slash": "/", "left_square_bracket": "[",
+             "right_square_bracket": "]", "escape": "esc"}  # fmt: skip
+    screens = [
+        (ExecutionsScreen, guide.MOVING + guide.EXECUTIONS),
+        (ExecutionDetailScreen, guide.MOVING + guide.DETAIL),
+        (ComponentsScreen, guide.COMPONENTS),
+        (ObeliskApp, guide.EVERYWHERE),
+    ]
+    for cls, rows in screens:
+        documented = keys_of(rows) | {"1", "2", "3", "4", "5"}
+        for binding in cls.BINDINGS:
+            assert isinstance(binding, Binding)
+            for key in binding.key.split(","):
+                assert names.get(key, key) in documented, f"{cls.__name__}: {key}"
 
 
 async def test_the_cursor_stays_on_its_execution_when_new_ones_arrive(

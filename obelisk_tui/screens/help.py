@@ -1,0 +1,121 @@
+"""`?`: what the keys do on the screen underneath, and the filter syntax.
+
+Textual's own key panel lists bindings by their one-word descriptions only (and those
+without one not at all): an operator needs `[`/`]`, `space`, `r` and the filter's
+syntax explained, so the guide is written out here, per screen.
+"""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Label, Static
+
+from obelisk_tui.widgets.key_scroll import KeyScroll
+
+Rows = list[tuple[str, str]]
+
+MOVING: Rows = [
+    ("j k  ↑ ↓", "move (in the list and in every tab; the State and Result tabs scroll)"),
+    ("g G  home end", "first / last"),
+    ("pgup pgdn", "a page up / down"),
+    ("enter", "open the selected execution"),
+]
+
+EXECUTIONS: Rows = [
+    ("/", "filter (see below)"),
+    ("esc", "clear the filter"),
+    ("o", "order: newest first, oldest first, last change first"),
+    ("t", "top-level executions only (on / off)"),
+    ("m  M", "mark the selected execution and move down / unmark all"),
+    ("p u c", "pause / unpause / cancel (asks first): the marked executions, or the selected one"),
+    ("S", "stub the selected activity_stub execution (write its return value)"),
+]
+
+DETAIL: Rows = [
+    ("1 … 5", "tabs: State, Events, Children, Logs, Result"),
+    ("[ ]", "time travel: the state machine at the previous / next version"),
+    ("enter", "Events tab: open the child a child request names; Children tab: open it"),
+    ("P", "open the parent execution"),
+    ("p u c", "pause / unpause / cancel (asks first) this execution"),
+    ("S", "stub this execution, if it is an unfinished activity_stub"),
+    ("esc backspace", "back"),
+]
+
+COMPONENTS: Rows = [
+    ("j k  ↑ ↓", "select a component: its exports and WIT types below"),
+    ("g G  home end", "first / last"),
+    ("esc", "back"),
+]
+
+EVERYWHERE: Rows = [
+    ("s", "submit an execution"),
+    ("C", "components and the last hot reload"),
+    ("space", "freeze / resume the live refresh"),
+    ("r", "refresh now"),
+    ("ctrl+p", "command palette: type an execution id (E_…) to open it; themes"),
+    ("?", "this help (esc closes it)"),
+    ("q", "quit"),
+]
+
+FILTER = """\
+state:locked,paused   ffqn:myapp:demo/   id:E_01J…   top
+A bare E_… word is an id prefix, any other bare word an FFQN prefix. States: pending,
+locked, blocked, paused, cancelling, finished. A greyed key does not apply to the
+selection; pressed, it says why."""
+
+
+def sections(screen: Screen[object]) -> list[tuple[str, Rows | str]]:
+    """The guide for `screen` (by its kind), then what works everywhere."""
+    from obelisk_tui.screens.components import ComponentsScreen
+    from obelisk_tui.screens.detail import ExecutionDetailScreen
+    from obelisk_tui.screens.executions import ExecutionsScreen
+
+    out: list[tuple[str, Rows | str]] = []
+    if isinstance(screen, ExecutionsScreen):
+        out += [("Executions", MOVING + EXECUTIONS), ("Filter", FILTER)]
+    elif isinstance(screen, ExecutionDetailScreen):
+        out += [("Execution", MOVING + DETAIL)]
+    elif isinstance(screen, ComponentsScreen):
+        out += [("Components", COMPONENTS)]
+    return [*out, ("Everywhere", EVERYWHERE)]
+
+
+def render_sections(parts: list[tuple[str, Rows | str]]) -> RenderableType:
+    blocks: list[RenderableType] = []
+    for title, body in parts:
+        blocks.append(Text(title, style="bold"))
+        if isinstance(body, str):
+            blocks.append(Text(body))
+        else:
+            table = Table.grid(padding=(0, 2))
+            table.add_column(style="bold #f0c674", no_wrap=True)
+            table.add_column()
+            for keys, what in body:
+                table.add_row(keys, what)
+            blocks.append(table)
+        blocks.append(Text(""))
+    return Group(*blocks)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,question_mark,q", "dismiss", "Close")]
+
+    def __init__(self, parts: list[tuple[str, Rows | str]]) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help"):
+            yield Label("Keys", id="help-title")
+            with KeyScroll(id="help-scroll"):
+                yield Static(render_sections(self.parts), id="help-text")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(KeyScroll).focus()
