@@ -186,9 +186,9 @@ async def _auth_middleware(request: web.Request, handler: Handler) -> web.Stream
         if header is None:
             raise ApiProblem(401, "missing bearer token: send `Authorization: Bearer <token>`")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        ):
+        if scheme.lower() != "bearer":
+            raise ApiProblem(401, "the Authorization header is not `Bearer <token>`")
+        if not hmac.compare_digest(given.strip().encode(), token.encode()):
             raise ApiProblem(401, "invalid bearer token")
     return await handler(request)
 

@@ -25,6 +25,7 @@ from typing import TextIO
 from aiohttp import web
 
 from engine import affinity
+from engine.deployment import load_deployment
 from engine.engine import Engine
 from engine.errors import DeploymentError, StorageError
 from engine.gc_tuning import tune_gc
@@ -275,6 +276,11 @@ def run_server(
     except ListenError as e:
         print(f"error: --api-listen: {e}", file=sys.stderr)
         return 2
+    try:  # a broken deployment is told before any token is printed or port taken
+        load_deployment(Path(deployment))
+    except DeploymentError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

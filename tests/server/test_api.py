@@ -115,9 +115,12 @@ async def test_missing_token_is_401_on_every_endpoint(client: TestClient[Any, An
 
 
 async def test_wrong_token_is_401(client: TestClient[Any, Any]) -> None:
-    for header in (f"Bearer {TOKEN}x", "Bearer", f"Basic {TOKEN}", TOKEN, "Bearer  "):
+    for header in (f"Bearer {TOKEN}x", "Bearer", "Bearer  "):
         r = await client.get("/v1/components", headers={"Authorization": header})
         await expect_error(r, 401, "invalid bearer token")
+    for header in (f"Basic {TOKEN}", TOKEN):
+        r = await client.get("/v1/components", headers={"Authorization": header})
+        await expect_error(r, 401, "the Authorization header is not `Bearer <token>`")
     r = await client.get("/v1/components", headers={"Authorization": f"bearer {TOKEN}"})
     assert r.status == 200
 

@@ -660,6 +660,8 @@ def _run_fails(args: list[str], cwd: Path, code: int = 1) -> str:
         timeout=60,
     )
     assert proc.returncode == code, (proc.stdout, proc.stderr)
+    if "deployment" in proc.stderr:  # told before a token is printed or a port taken
+        assert "API token" not in proc.stdout, proc.stdout
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ")
