@@ -61,10 +61,10 @@ async def perform(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) ->
     succeeded."""
     done: list[str] = []
     failed: list[str] = []
-    skipped = 0
+    skipped: list[str] = []  # refusals (they name the execution)
     for info in targets:
-        if model.refusal(action, info) is not None:
-            skipped += 1
+        if (why := model.refusal(action, info)) is not None:
+            skipped.append(why)
             continue
         eid = info["execution_id"]
         try:
@@ -79,8 +79,10 @@ async def perform(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) ->
             if len(done) == 1
             else f"{VERBS[action]} {len(done)} executions"
         )
-    if skipped:
-        parts.append(f"{skipped} skipped (not applicable)")
+    if len(skipped) == 1:
+        parts.append(f"skipped: {skipped[0]}")
+    elif skipped:
+        parts.append(f"{len(skipped)} skipped, e.g. {skipped[0]}")
     if failed:
         app.notify(
             "\n".join([*parts, *failed[:5]]), title=f"{action} failed", severity="error", timeout=8

@@ -224,6 +224,16 @@ async def test_cancel_asks_first_and_marks_act_on_many(console_engine: Engine) -
         assert [await state_of(engine, x) for x in (a, b, c)] == ["pending_at", "paused", "paused"]
         assert app.screen.query_one(ExecutionList).marked == set()  # cleared after the action
 
+        # A marked execution the action does not apply to is named with the reason.
+        await select(app, pilot, b)
+        await pilot.press("m", "m")  # b (paused), then a (pending)
+        await pilot.press("u")
+        await until(
+            pilot,
+            lambda: any(f"unpaused {b}; skipped: {a} is not paused" in n for n in notices(app)),
+            what="the skip named",
+        )
+
         await select(app, pilot, a)
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
