@@ -249,42 +249,26 @@ async def test_the_attached_console_marks_a_lost_server_once_and_resumes(
         await server.close()
 
 
-async def test_the_submit_dialog_lists_the_functions_once_the_server_is_back(
-    console_engine: Engine,
+@pytest.mark.parametrize(
+    ("key", "screen_name", "notice"),
+    [
+        ("s", "SubmitScreen", "cannot list the functions"),
+        ("C", "ComponentsScreen", "cannot read the deployment"),
+    ],
+)
+async def test_a_screen_opened_while_the_server_is_away_says_why_and_fills_once_back(
+    console_engine: Engine, key: str, screen_name: str, notice: str
 ) -> None:
+    """The Submit dialog (its functions) and the Components screen (the deployment)."""
+    from obelisk_tui.screens.components import ComponentsScreen
     from obelisk_tui.screens.submit import SubmitScreen
     from tests.console.conftest import open_console, screen_text, until
 
-    server = await api_server(console_engine)
-    port = server.port
-    rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
-    try:
-        async with open_console(backend=rest) as (app, pilot):
-            await server.close()
-            await pilot.press("s")
-            await until(
-                pilot,
-                lambda: (
-                    isinstance(app.screen, SubmitScreen)
-                    and "cannot list the functions" in screen_text(app)
-                ),
-                what="the dialog's notice",
-            )
-            dialog = app.screen
-            assert isinstance(dialog, SubmitScreen) and dialog.functions == []
-            server = await api_server(console_engine, port)  # back on the same address
-            await until(pilot, lambda: bool(dialog.functions), what="the functions", timeout=15)
-            assert "cannot list the functions" not in screen_text(app)
-    finally:
-        await rest.close()
-        await server.close()
-
-
-async def test_the_components_screen_says_why_it_is_empty_until_the_server_is_back(
-    console_engine: Engine,
-) -> None:
-    from obelisk_tui.screens.components import ComponentsScreen
-    from tests.console.conftest import open_console, screen_text, until
+    def loaded(screen: object) -> bool:
+        if isinstance(screen, SubmitScreen):
+            return bool(screen.functions)
+        assert isinstance(screen, ComponentsScreen)
+        return screen.deployment is not None
 
     server = await api_server(console_engine)
     port = server.port
@@ -292,20 +276,17 @@ async def test_the_components_screen_says_why_it_is_empty_until_the_server_is_ba
     try:
         async with open_console(backend=rest) as (app, pilot):
             await server.close()
-            await pilot.press("C")
+            await pilot.press(key)
             await until(
                 pilot,
-                lambda: (
-                    isinstance(app.screen, ComponentsScreen)
-                    and "cannot read the deployment" in screen_text(app)
-                ),
+                lambda: type(app.screen).__name__ == screen_name and notice in screen_text(app),
                 what="the screen's notice",
             )
             screen = app.screen
-            assert isinstance(screen, ComponentsScreen) and screen.deployment is None
+            assert not loaded(screen)
             server = await api_server(console_engine, port)  # back on the same address
-            await until(pilot, lambda: screen.deployment is not None, what="the deployment")
-            assert "cannot read the deployment" not in screen_text(app)
+            await until(pilot, lambda: loaded(screen), what="its data", timeout=15)
+            assert notice not in screen_text(app)
     finally:
         await rest.close()
         await server.close()
