@@ -430,6 +430,9 @@ def connection_error_reason(reason: object) -> str:
         return f"unknown host ({reason.strerror})"
     if isinstance(reason, OSError) and reason.strerror:
         return reason.strerror.lower()
+    if isinstance(reason, OSError) and "[Errno 111]" in str(reason):
+        # Every address of the host failed (aiohappyeyeballs' "Multiple exceptions").
+        return "connection refused"
     return str(reason)
 
 

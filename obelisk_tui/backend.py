@@ -316,7 +316,7 @@ class RestBackend:
         except aiohttp.ClientConnectionError as e:
             raise ServerUnreachable(self.base_url, str(e) or type(e).__name__) from None
         except aiohttp.InvalidURL:
-            raise ApiError(None, f"{self.base_url} is not an http(s) URL") from None
+            raise ApiError(None, f"{self.base_url} is not a valid URL") from None
         except TimeoutError:
             raise ServerUnreachable(self.base_url, "timed out") from None
 

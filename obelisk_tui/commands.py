@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
@@ -26,13 +27,17 @@ class ExecutionCommands(Provider):
         text = query.strip()
         if not text.upper().startswith("E_") or len(text) < 3:
             return
+        wanted = "E_" + text[2:]
         try:
             rows = await self.obelisk.backend.list_executions(
-                ExecutionQuery(id_prefix="E_" + text[2:]), 0, 12
+                ExecutionQuery(id_prefix=wanted), 0, 12
             )
+            if all(r["execution_id"] != wanted for r in rows):
+                # A workflow's many children (newer, same prefix) can fill the page.
+                with contextlib.suppress(ApiError):
+                    rows.insert(0, await self.obelisk.backend.status(wanted))
         except ApiError:
             return
-        wanted = "E_" + text[2:]
         for info in rows:
             label, _ = model.state_label(info)
             eid = info["execution_id"]

@@ -441,8 +441,8 @@ def parse_filter(text: str, order: ListOrder = "created_desc") -> ExecutionQuery
             ffqn = value
         elif sep and key in ("id", "i"):
             id_prefix = value
-        elif sep and key in ("top", "top-level", "toplevel"):
-            raise ValueError(f"`{key}` takes no value: write `top`")
+        elif sep and not value and key in ("top", "top-level", "toplevel"):
+            raise ValueError(f"`{word}` takes no value: write `top`")
         elif word.lower() in ("top", "top-level", "toplevel"):
             top = True
         elif word.startswith(("E_", "e_")):

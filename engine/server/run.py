@@ -225,7 +225,7 @@ async def _serve(
     except CannotListen as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except OSError as e:  # the data dir (a file where a directory should be, no access…)
+    except OSError as e:  # anything else the system refused at start: say what and where
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {where}{e.strerror or e}", file=sys.stderr)
         return 1

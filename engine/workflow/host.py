@@ -245,10 +245,11 @@ class ReplayHost:
 
     def interrupt(self, kind: str, detail: str = "") -> None:
         """Stop the run from outside (cancellation, pause, shutdown). Thread-safe."""
-        if self.aborted is None:
-            self.aborted = AbortReason(kind, detail)
+        # The flag first: `close_from_log` clears `aborted`, then looks at the flag.
         self._interrupted_by = AbortReason(kind, detail)
         self._interrupt.set()
+        if self.aborted is None:
+            self.aborted = AbortReason(kind, detail)
         waiting = self._waiting
         if waiting is not None:
             waiting.cancel()
@@ -273,9 +274,13 @@ class ReplayHost:
         if self.lock_expires_at - self.clock.now() < LOCK_EXTENSION_LEEWAY:
             self.flush()
 
-    def _constraint_violation(self, detail: str) -> RunAborted:
+    def _constraint_violation(self, detail: str) -> Exception:
         """A misuse of the host API the code may not catch (SPEC §7.3: submitting into a
-        closed join set): the execution finishes `uncategorized`, its join sets closed."""
+        closed join set): the execution finishes `uncategorized`, its join sets closed.
+        While replaying, the log was written by an engine that let the code catch it
+        (before 2026-12-04): it is catchable again, so that such executions replay."""
+        if self.replaying:
+            return WorkflowCallError(detail)
         self.failure = ev.ExecutionFailure(
             "uncategorized", f"constraint violation: {detail}", detail
         )
@@ -868,6 +873,11 @@ class ReplayHost:
         child never outlives its parent. The state is rebuilt from the whole recorded
         history, then closed as on return; a later run that fails the same way again
         continues where this one stopped (waiting for awaited children)."""
+        if self.aborted is not None and self.aborted.kind not in (
+            "nondeterminism",
+            "constraint_violation",
+        ):
+            raise RunAborted(self.aborted.kind)  # e.g. the lock was lost before
         self.aborted = None
         if self._interrupt.is_set():  # cancelled, paused or stopping meanwhile: not now
             why = self._interrupted_by or AbortReason("interrupted")

@@ -111,7 +111,7 @@ class DryRunHost(ReplayHost):
         # Blocked where the old code was blocked: everything recorded was reproduced.
         raise self._abort(self.COMPATIBLE, f"waits for a response in {join_set_id}")
 
-    def _constraint_violation(self, detail: str) -> RunAborted:
+    def _constraint_violation(self, detail: str) -> Exception:
         if not self.replaying:
             # Past the history: the new code's own doing, on its own run (SPEC §9.3
             # fails an upgrade for nondeterminism only).

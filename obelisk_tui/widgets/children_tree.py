@@ -55,7 +55,15 @@ class ChildrenTree(Tree[str]):
     BINDINGS = [
         Binding("j", "cursor_down", "Down", show=False),
         Binding("k", "cursor_up", "Up", show=False),
+        Binding("g,home", "first", "First", show=False),
+        Binding("G,end", "last", "Last", show=False),
     ]
+
+    def action_first(self) -> None:
+        self.move_cursor_to_line(0)
+
+    def action_last(self) -> None:
+        self.move_cursor_to_line(self.last_line)
 
     DEFAULT_CSS = """
     ChildrenTree { height: 1fr; }

@@ -8,9 +8,11 @@ from textual.containers import VerticalScroll
 
 class KeyScroll(VerticalScroll):
     """Focused with its tab, so that the arrows, PgUp/PgDn, Home/End and `j`/`k`
-    scroll what does not fit (the State and Result tabs)."""
+    scroll what does not fit (`g`/`G` too) (the State and Result tabs)."""
 
     BINDINGS = [
         Binding("j", "scroll_down", "Down", show=False),
         Binding("k", "scroll_up", "Up", show=False),
+        Binding("g", "scroll_home", "Top", show=False),
+        Binding("G", "scroll_end", "Bottom", show=False),
     ]

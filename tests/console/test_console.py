@@ -497,6 +497,10 @@ async def test_keys_scroll_the_state_tab_and_move_in_the_children_tab(
         await until(pilot, lambda: scroll.scroll_y >= 2, what="j scrolling")
         await pilot.press("end")
         await until(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y, what="end")
+        await pilot.press("g")
+        await until(pilot, lambda: scroll.scroll_y == 0, what="g: the top")
+        await pilot.press("G")
+        await until(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y, what="G: the bottom")
         await pilot.press("3")
         tree = app.screen.query_one(Tree)
         await until(pilot, lambda: len(tree.root.children) == 3, what="the three children")
@@ -506,6 +510,10 @@ async def test_keys_scroll_the_state_tab_and_move_in_the_children_tab(
         await until(pilot, lambda: tree.cursor_line == start + 2, what="j moving the cursor")
         await pilot.press("k")
         await until(pilot, lambda: tree.cursor_line == start + 1, what="k moving it back")
+        await pilot.press("G")
+        await until(pilot, lambda: tree.cursor_line == tree.last_line, what="G: the last")
+        await pilot.press("g")
+        await until(pilot, lambda: tree.cursor_line == 0, what="g: the first")
 
 
 async def test_the_events_tab_shows_the_version_travelled_to(console_engine: Engine) -> None:
@@ -681,6 +689,19 @@ async def test_command_palette_puts_the_exact_id_first(console_engine: Engine) -
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
         assert app.screen.execution_id == order  # type: ignore[attr-defined]
+        # More children (newer, with its id as their prefix) than a page of hits.
+        fanout = await engine.submit(FANOUT, [20])
+        await engine.result(fanout, timeout=20)
+        await pilot.press("escape")
+        await pilot.press("ctrl+p")
+        await pilot.press(*fanout)
+        await until(pilot, lambda: f"Open execution {fanout}" in screen_text(app), what="it")
+        await pilot.press("enter")
+        await until(
+            pilot,
+            lambda: getattr(app.screen, "execution_id", None) == fanout,
+            what="the fan-out's screen",
+        )
 
 
 async def test_help_and_quit(console_engine: Engine) -> None:

@@ -885,6 +885,42 @@ async def test_a_log_numbered_across_kinds_still_replays(
     assert [r.child_execution_id for r in child_requests(events)][-1] == f"{eid}.o:4-step_1"
 
 
+CAUGHT_THEN_WAITS_JS = f"""
+{OBELISK}
+{STUB_EXT}
+import {{ answer }} from "myapp:demo/stubs";
+export default function caughtThenWaits() {{
+  const js = obelisk.createJoinSet();
+  js.close();
+  let caught = "no";
+  try {{ answerSubmit(js, "late"); }} catch (e) {{ caught = "yes"; }}
+  return caught + "-" + answer("q");
+}}
+"""
+
+
+async def test_a_log_that_caught_a_closed_join_set_error_still_replays(
+    start_engine: StartEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Engines before 2026-12-04 let the code catch it: such a log replays (catchable
+    again while replaying), and only new code past the history gets the violation."""
+    from engine.workflow.host import ReplayHost
+    from engine.workflow.host_api import WorkflowCallError
+
+    files = {"step.js": STEP_JS, "caughtThenWaits.js": CAUGHT_THEN_WAITS_JS}
+    deployment = ACTIVITIES + workflow("caughtThenWaits")
+    with monkeypatch.context() as m:  # the engine as it was
+        m.setattr(ReplayHost, "_constraint_violation", lambda self, d: WorkflowCallError(d))
+        engine = await start_engine(deployment, files=files)
+        eid = await engine.submit(ffqn_of("caughtThenWaits"), [])
+        question = await child_of(engine, eid, "myapp:demo/stubs.answer")
+        await wait_state(engine, eid, "blocked_by_join_set")
+        await engine.stop()
+    engine = await start_engine(deployment, files=files)
+    await engine.stub(question, {"ok": "x"})
+    assert await engine.result(eid, timeout=20) == ev.ResultOk("yes-x")
+
+
 RETURNS_EARLY_JS = RETYPED_JS.replace('r = "fallback:" + step(9, 0);', 'return "early";')
 
 
