@@ -232,12 +232,7 @@ class WorkflowExecutor(BaseExecutor):
                 )
                 return
             # A child never outlives its parent: close what is still open (SPEC §7.3).
-            # History the code did not reach is reported as such, not as a mismatch of
-            # the closing `join_next`s that this close would write.
-            leftover = host.leftover_history(closing_next=True)
-            if leftover is None:
-                host.close_all()
-                leftover = host.leftover_history()
+            leftover = host.close_on_return()
             if leftover is not None:
                 host.failure = ev.ExecutionFailure(
                     "nondeterminism_detected", "nondeterminism detected", leftover

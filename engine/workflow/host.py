@@ -1089,6 +1089,17 @@ class ReplayHost:
     # ------------------------------------------------------------------------------
     # end of run
     # ------------------------------------------------------------------------------
+    def close_on_return(self) -> str | None:
+        """After the function returned (or threw): close its join sets (SPEC §7.3), which
+        may match recorded closing `join_next`s. Returns the recorded history the code
+        did not reach, if any (nondeterminism), reported as such rather than as a
+        mismatch of the closing `join_next`s the close would write."""
+        leftover = self.leftover_history(closing_next=True)
+        if leftover is None:
+            self.close_all()
+            leftover = self.leftover_history()
+        return leftover
+
     def leftover_history(self, *, closing_next: bool = False) -> str | None:
         """After the function returned: the recorded history it did not reach, if any.
         With `closing_next`, a closing `join_next` next is fine (the implicit close that

@@ -140,12 +140,10 @@ def check_compatible(runner: Any, host: DryRunHost, params: list[Any]) -> tuple[
         if host.aborted is None and isinstance(outcome, WfAborted):
             return False, "the replay was interrupted"
         if host.aborted is None:
-            # It returned (or threw): closing its join sets may still match history,
-            # other history it did not reach is reported as such (as a run does).
-            leftover = host.leftover_history(closing_next=True)
+            # It returned (or threw): closed as a run closes (may match history).
+            leftover = host.close_on_return()
             if leftover is not None:
                 return False, leftover
-            host.close_all()
     except RunAborted:
         pass
     except Exception as e:  # a bug in a runtime or host: do not move the execution
@@ -160,10 +158,7 @@ def check_compatible(runner: Any, host: DryRunHost, params: list[Any]) -> tuple[
                 return False, failure.detail or failure.reason
             return False, failure.reason  # "constraint violation: …"
         return False, f"the replay stopped: {host.aborted.kind} {host.aborted.detail}".strip()
-    leftover = host.leftover_history()
-    if leftover is not None:
-        return False, leftover
-    return True, ""
+    return True, ""  # it returned where its history ends, and closed as it was logged
 
 
 def params_mismatch(target: LoadedComponent, ffqn: str, params: list[Any]) -> str | None:
