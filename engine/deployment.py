@@ -107,6 +107,16 @@ class _Ctx:
         return DeploymentError(f"{where}: {message}")
 
 
+def deployment_problem(path: str | os.PathLike[str]) -> str | None:
+    """What is wrong with the deployment file (None: it loads): for front ends that
+    check it before they print anything else or take over the terminal."""
+    try:
+        load_deployment(path)
+    except DeploymentError as e:
+        return str(e)
+    return None
+
+
 def load_deployment(
     path: str | os.PathLike[str], environ: dict[str, str] | None = None
 ) -> Deployment:

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         return _serve(args)
     from engine.client import api_url_problem
+    from engine.deployment import deployment_problem
     from obelisk_tui.app import ObeliskApp
     from obelisk_tui.backend import ConsoleBackend, EmbeddedBackend, RestBackend
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return 2
             data_dir = args.data_dir or Path("data")
-        error = _preflight_deployment(deployment)
+        error = deployment_problem(deployment)  # one line, not a console that cannot start
         if error:
             print(f"error: {error}", file=sys.stderr)
             return 1
@@ -166,18 +167,6 @@ def _preflight_attach(url: str, token: str | None) -> str | None:
         if isinstance(e, ServerUnreachable):
             return f"{e.message}: is `obelisk server run` running?"
         return e.message
-    return None
-
-
-def _preflight_deployment(deployment: Path) -> str | None:
-    """A deployment that does not load is one line, not a console that cannot start."""
-    from engine.deployment import load_deployment
-    from engine.errors import DeploymentError
-
-    try:
-        load_deployment(deployment)
-    except DeploymentError as e:
-        return str(e)
     return None
 
 

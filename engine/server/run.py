@@ -25,7 +25,7 @@ from typing import TextIO
 from aiohttp import web
 
 from engine import affinity
-from engine.deployment import load_deployment
+from engine.deployment import deployment_problem
 from engine.engine import Engine
 from engine.errors import DeploymentError, StorageError
 from engine.gc_tuning import tune_gc
@@ -149,19 +149,13 @@ async def start_server(
     return RunningServer(engine, runner, host, bound_port)
 
 
-class CannotListen(OSError):
+class CannotListen(Exception):
     """The API address cannot be bound (busy, not an address of this host…)."""
 
     def __init__(self, host: str, port: int, cause: OSError) -> None:
-        reason = (
-            "address already in use"
-            if cause.errno == errno.EADDRINUSE
-            else (cause.strerror or str(cause))
-        )
-        super().__init__(cause.errno, f"cannot listen on {_url(host, port)}: {reason}")
-
-    def __str__(self) -> str:
-        return str(self.strerror)
+        busy = cause.errno == errno.EADDRINUSE
+        reason = "address already in use" if busy else (cause.strerror or str(cause))
+        super().__init__(f"cannot listen on {_url(host, port)}: {reason}")
 
 
 def _listening_sockets(host: str, port: int) -> list[socket.socket]:
@@ -219,10 +213,7 @@ async def _serve(
         server = await start_server(
             deployment, data_dir, host, port, token, database.url, cpu_affinity
         )
-    except (DeploymentError, StorageError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except CannotListen as e:
+    except (DeploymentError, StorageError, CannotListen) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # anything else the system refused at start: say what and where
@@ -276,10 +267,9 @@ def run_server(
     except ListenError as e:
         print(f"error: --api-listen: {e}", file=sys.stderr)
         return 2
-    try:  # a broken deployment is told before any token is printed or port taken
-        load_deployment(Path(deployment))
-    except DeploymentError as e:
-        print(f"error: {e}", file=sys.stderr)
+    # A broken deployment is told before any token is printed or port taken.
+    if (problem := deployment_problem(deployment)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 1
     if not logging.getLogger().handlers:
         logging.basicConfig(
