@@ -12,12 +12,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Header, Static
 
 from engine.client import ApiError, ComponentInfo, DeploymentInfo, upgrades_unchecked
 from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, DeploymentReloaded
 from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.widgets.key_footer import KeyFooter
 
 
 def reload_summary(reload: dict[str, Any]) -> str:
@@ -127,7 +128,7 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
         yield table
         with VerticalScroll(id="component-detail-box"):
             yield Static(id="component-detail")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

@@ -10,7 +10,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static, TabbedContent, TabPane, Tree
+from textual.widgets import Header, Static, TabbedContent, TabPane, Tree
 
 from engine.client import (
     ApiError,
@@ -27,6 +27,7 @@ from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.widgets.children_tree import ChildrenTree
 from obelisk_tui.widgets.event_log import EventLog
+from obelisk_tui.widgets.key_footer import KeyFooter
 from obelisk_tui.widgets.key_scroll import KeyScroll
 from obelisk_tui.widgets.log_view import LogView
 from obelisk_tui.widgets.source_view import SourceView
@@ -106,7 +107,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
                 yield LogView(id="log-view")
             with TabPane("5 Result", id="result"), KeyScroll(id="result-scroll"):
                 yield Static(id="result-view")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#detail-title", Static).update(Text(f" {self.execution_id}", "bold"))

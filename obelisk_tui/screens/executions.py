@@ -9,7 +9,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Header, Input, Static
 
 from engine.client import ApiError
 from obelisk_tui import model
@@ -19,6 +19,7 @@ from obelisk_tui.screens import actions
 from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.widgets.execution_list import ExecutionList
+from obelisk_tui.widgets.key_footer import KeyFooter
 from obelisk_tui.widgets.state_counts import StateCounts
 
 
@@ -55,7 +56,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
             id="filter",
         )
         yield ExecutionList(now=self.obelisk.now, id="executions")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one(ExecutionList).focus()

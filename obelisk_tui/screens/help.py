@@ -14,8 +14,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Label, Static
+from textual.widgets import Label, Static
 
+from obelisk_tui.widgets.key_footer import KeyFooter
 from obelisk_tui.widgets.key_scroll import KeyScroll
 
 Rows = list[tuple[str, str]]
@@ -115,7 +116,7 @@ class HelpScreen(ModalScreen[None]):
             yield Label("Keys", id="help-title")
             with KeyScroll(id="help-scroll"):
                 yield Static(render_sections(self.parts), id="help-text")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one(KeyScroll).focus()

@@ -11,11 +11,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Footer, Label, Static, TextArea
+from textual.widgets import Button, Label, Static, TextArea
 
 from engine.client import ApiError, ExecutionInfo
 from obelisk_tui import model
 from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.widgets.key_footer import KeyFooter
 
 #: The return value shown until the function's return type is known.
 PLACEHOLDER = '{"ok": null}'
@@ -45,7 +46,7 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
             with Horizontal(id="stub-buttons"):
                 yield Button("Stub (ctrl+s)", variant="primary", id="do-stub")
                 yield Button("Close (esc)", id="stub-close")
-        yield Footer()  # this dialog's keys, not those of the screen beneath
+        yield KeyFooter()  # this dialog's keys, not those of the screen beneath
 
     def on_mount(self) -> None:
         self.query_one(TextArea).focus()

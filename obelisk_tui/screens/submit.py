@@ -11,12 +11,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Footer, Input, Label, OptionList, Static, TextArea
+from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 from engine.client import ApiError, FunctionExport
 from obelisk_tui import model
 from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.widgets.key_footer import KeyFooter
 
 
 def signature(fn: FunctionExport) -> Text:
@@ -78,7 +79,7 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
                     with Horizontal(id="submit-buttons"):
                         yield Button("Submit (ctrl+s)", variant="primary", id="do-submit")
                         yield Button("Close (esc)", id="close")
-        yield Footer()  # this dialog's keys, not those of the screen beneath
+        yield KeyFooter()  # this dialog's keys, not those of the screen beneath
 
     def on_mount(self) -> None:
         self.load()

@@ -659,6 +659,44 @@ async def test_the_submit_dialog_lists_one_function_per_line_at_80_columns(
         assert not any(line.strip(" █▊▎").startswith("test:console/") for line in lines)
 
 
+async def test_footers_at_80_columns_show_whole_keys_and_help(console_engine: Engine) -> None:
+    """Keys that do not fit are left out whole, the least needed first; `? Help` stays."""
+    eid = await console_engine.submit(APPROVE, ["footer"])
+    async with open_console(console_engine, size=(80, 24)) as (app, pilot):
+        await until(pilot, lambda: "Unpause" in screen_text(app), what="the footer")
+        footer = screen_text(app).splitlines()[-1]
+        assert "? Help" in footer and "c Cancel" in footer, footer
+        assert "Components" not in footer and footer.endswith("  "), footer  # nothing cut
+        app.open_execution(eid)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
+        await until(pilot, lambda: "esc Back" in screen_text(app), what="its footer")
+        footer = screen_text(app).splitlines()[-1]
+        assert "? Help" in footer and "c Cancel" in footer and "] version ▶" in footer, footer
+        await pilot.resize_terminal(160, 30)
+        await until(pilot, lambda: "C Components" in screen_text(app), what="all keys at 160")
+        assert "^p palette" in screen_text(app).splitlines()[-1]
+
+
+def test_the_footer_leaves_out_the_least_needed_keys_first() -> None:
+    from obelisk_tui.widgets.key_footer import PALETTE, fitting, key_width
+
+    items = [
+        ("back", key_width("esc", "Back")),
+        ("cancel", key_width("c", "Cancel")),
+        ("quit", key_width("q", "Quit")),
+        ("help", key_width("?", "Help")),
+        ("freeze", key_width("space", "Freeze")),
+        (PALETTE, key_width("^p", "palette") + 1),
+    ]
+    assert [c for _, c in items] == [10, 10, 8, 8, 14, 13]
+    assert fitting(items, 100) == set()
+    assert fitting(items, 50) == {4}  # freeze first
+    assert fitting(items, 36) == {4, 5}  # then the palette
+    assert fitting(items, 28) == {4, 5, 2}  # then quit
+    assert fitting(items, 10) == {4, 5, 2, 1, 0}  # then from the right; never help
+    assert fitting(items, 0) == {4, 5, 2, 1, 0}
+
+
 async def test_command_palette_opens_an_execution_by_id(console_engine: Engine) -> None:
     engine = console_engine
     eid = await engine.submit(APPROVE, ["p"])
