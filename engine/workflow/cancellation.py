@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -121,19 +121,13 @@ class TeardownView:
         return None
 
 
-def teardown_view(
-    events: Sequence[ev.StoredEvent], responses: Sequence[ev.StoredResponse]
-) -> TeardownView:
-    """The join sets of a workflow, from its log and responses."""
+def join_sets_in(history: Iterable[ev.HistoryEventKind]) -> dict[str, JoinSetView]:
+    """The join sets a workflow's recorded history has, in creation order: their members
+    and how many were awaited (no responses yet). Shared by the teardown of a cancelled
+    workflow and the close after a nondeterminism (`ReplayHost.close_from_log`)."""
     join_sets: dict[str, JoinSetView] = {}
-    finished = False
-    for stored in events:
-        event = stored.event
-        if isinstance(event, ev.Finished):
-            finished = True
-        if not isinstance(event, ev.HistoryEvent):
-            continue
-        match event.event:
+    for event in history:
+        match event:
             case ev.JoinSetCreate(join_set_id=js_id):
                 join_sets.setdefault(js_id, JoinSetView(js_id))
             case ev.JoinSetRequest(join_set_id=js_id, request=request):
@@ -142,14 +136,23 @@ def teardown_view(
                     js.members.append(Member(request.child_execution_id, request.target_ffqn))
                 else:
                     js.members.append(Member(request.delay_id, None))
-            case ev.JoinNext(join_set_id=js_id):
-                if js_id in join_sets:
-                    join_sets[js_id].consumed += 1
-            case ev.JoinNextTry(join_set_id=js_id, outcome="found"):
-                if js_id in join_sets:
-                    join_sets[js_id].consumed += 1
+            case (
+                ev.JoinNext(join_set_id=js_id) | ev.JoinNextTry(join_set_id=js_id, outcome="found")
+            ) if js_id in join_sets:
+                join_sets[js_id].consumed += 1
             case _:
                 pass
+    return join_sets
+
+
+def teardown_view(
+    events: Sequence[ev.StoredEvent], responses: Sequence[ev.StoredResponse]
+) -> TeardownView:
+    """The join sets of a workflow, from its log and responses."""
+    finished = any(isinstance(stored.event, ev.Finished) for stored in events)
+    join_sets = join_sets_in(
+        stored.event.event for stored in events if isinstance(stored.event, ev.HistoryEvent)
+    )
     for stored_response in responses:
         r = stored_response.response
         source = r.child_execution_id if isinstance(r, ev.ChildExecutionFinished) else r.delay_id

@@ -46,6 +46,7 @@ from engine.storage.contract import (
 from engine.storage.notify import ResponseInbox
 from engine.wit.codec import WitValueError, validate_json
 from engine.workers.outcome import LogLine
+from engine.workflow.cancellation import join_sets_in
 from engine.workflow.host_api import (
     AllProcessed,
     ChildResponse,
@@ -893,29 +894,17 @@ class ReplayHost:
         self.join_sets = {}
         self._consumed_by_js = {}
         waiting: str | None = None  # a recorded join_next whose response has not come
-        for _, h in self.history:
-            match h:
-                case ev.JoinSetCreate(join_set_id=js_id):
-                    self.join_sets[js_id] = _JoinSet(js_id)
-                case ev.JoinSetRequest(join_set_id=js_id, request=request):
-                    js = self.join_sets.setdefault(js_id, _JoinSet(js_id))
-                    if isinstance(request, ev.ChildExecutionRequest):
-                        js.members.append(request.child_execution_id)
-                        js.member_ffqn[request.child_execution_id] = request.target_ffqn
-                    else:
-                        js.members.append(request.delay_id)
-                        js.member_ffqn[request.delay_id] = None
-                case (
-                    ev.JoinNext(join_set_id=js_id)
-                    | ev.JoinNextTry(join_set_id=js_id, outcome="found")
-                ) if js_id in self.join_sets:
-                    stored = self._take_response(js_id)
-                    if stored is None:
-                        waiting = js_id  # the last one of its join set
-                    else:
-                        self._answer(self.join_sets[js_id], stored)
-                case _:
-                    pass
+        for view in join_sets_in(h for _, h in self.history).values():
+            js = self.join_sets[view.id] = _JoinSet(view.id)
+            for member in view.members:
+                js.members.append(member.id)
+                js.member_ffqn[member.id] = member.ffqn
+            for _ in range(view.consumed):
+                stored = self._take_response(js.id)
+                if stored is None:
+                    waiting = js.id  # the run was blocked on its last join_next
+                else:
+                    self._answer(js, stored)
         self.cursor = len(self.history)
         if waiting is not None:
             # The run that wrote the log was blocked on it: its response comes first.
