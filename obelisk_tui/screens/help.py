@@ -24,7 +24,7 @@ Rows = list[tuple[str, str]]
 MOVING: Rows = [
     ("j k  ↑ ↓", "move (in the list and in every tab; the State and Result tabs scroll)"),
     ("g G  home end", "first / last"),
-    ("pgup pgdn", "a page up / down"),
+    ("pgup pgdn  ctrl+b ctrl+f", "a page up / down"),
     ("enter", "open the selected execution"),
 ]
 
@@ -42,6 +42,7 @@ DETAIL: Rows = [
     ("1 … 5", "tabs: State, Events, Children, Logs, Result"),
     ("[ ]", "time travel: the state machine at the previous / next version"),
     ("enter", "Events tab: open the child a child request names; Children tab: open it"),
+    ("space", "Children tab: fold / unfold a child's own children (elsewhere: freeze)"),
     ("P", "open the parent execution"),
     ("p u c", "pause / unpause / cancel (asks first) this execution"),
     ("S", "stub this execution, if it is an unfinished activity_stub"),
