@@ -153,8 +153,11 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
         except ApiError as e:
             self.obelisk.report_error(e)
             if self.deployment is None and self.is_attached:  # nothing shown yet: say why
+                # Only an unreachable server is retried (when it answers again); other
+                # errors (a rejected token, say) reload with the next change or `r`.
+                retry = "retrying" if e.status is None else "r to retry"
                 self.query_one("#reload-status", Static).update(
-                    Text(f"cannot read the deployment: {e.message} (retrying)", "#e0606a")
+                    Text(f"cannot read the deployment: {e.message} ({retry})", "#e0606a")
                 )
             return
         if self.is_attached:

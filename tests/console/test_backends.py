@@ -206,9 +206,9 @@ async def test_the_console_attached_to_a_server_on_postgresql(
         await engine.stop()
 
 
-async def api_server(engine: Engine, port: int | None = None) -> TestServer:
+async def api_server(engine: Engine, port: int | None = None, token: str = TOKEN) -> TestServer:
     """The REST API of `engine`, started (on `port`, or any free one)."""
-    server = TestServer(make_app(engine, TOKEN), port=port)
+    server = TestServer(make_app(engine, token), port=port)
     await server.start_server()
     return server
 
@@ -284,9 +284,40 @@ async def test_a_screen_opened_while_the_server_is_away_says_why_and_fills_once_
             )
             screen = app.screen
             assert not loaded(screen)
+            if isinstance(screen, ComponentsScreen):
+                assert "(retrying)" in screen_text(app)
             server = await api_server(console_engine, port)  # back on the same address
             await until(pilot, lambda: loaded(screen), what="its data", timeout=15)
             assert notice not in screen_text(app)
+    finally:
+        await rest.close()
+        await server.close()
+
+
+async def test_the_components_screen_says_a_rejected_token_is_not_retried(
+    console_engine: Engine,
+) -> None:
+    """Unreachable: retried by itself once the server is back. Rejected (401): `r`."""
+    from obelisk_tui.screens.components import ComponentsScreen
+    from tests.console.conftest import open_console, screen_text, until
+
+    server = await api_server(console_engine)
+    rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
+    try:
+        async with open_console(backend=rest) as (app, pilot):
+            port = server.port
+            await server.close()
+            server = await api_server(console_engine, port, token="another")  # restarted
+            await pilot.press("C")
+            await until(
+                pilot,
+                lambda: (
+                    isinstance(app.screen, ComponentsScreen)
+                    and "cannot read the deployment" in screen_text(app)
+                ),
+                what="the notice",
+            )
+            assert "(r to retry)" in screen_text(app) and "(retrying)" not in screen_text(app)
     finally:
         await rest.close()
         await server.close()
