@@ -131,8 +131,19 @@ async def run_workload(engine: Any, pilot: Any) -> None:
     await engine.stub(f"{IDS['order-7']}.o:1-approve_1", {"ok": True})
     await engine.pause(IDS["order-9"])
     await engine.cancel(IDS["order-10"])
-    for name in ("greet", "step", "add", "flaky", "serial", "parallel", "batch",
-                 "py-parallel", "welcome", "order-7", "order-10"):
+    for name in (
+        "greet",
+        "step",
+        "add",
+        "flaky",
+        "serial",
+        "parallel",
+        "batch",
+        "py-parallel",
+        "welcome",
+        "order-7",
+        "order-10",
+    ):
         await engine.result(IDS[name], 120)
     await until(pilot, lambda: is_state("sleepy", "blocked_by_join_set"), "sleepy to sleep")
 
@@ -181,11 +192,17 @@ async def make(out: Path) -> list[Path]:
         await engine.submit("myapp:demo/activity.step", [5, 4000], execution_id=long_id)
 
         async def locked() -> bool:
-            return bool((await engine.storage.get_row(long_id)).state.__struct_config__.tag == "locked")
+            return bool(
+                (await engine.storage.get_row(long_id)).state.__struct_config__.tag == "locked"
+            )
 
         await until(pilot, locked, "the long step to run")
         lst = app.screen.query_one(ExecutionList)
-        await until(pilot, lambda: lst.index_of(long_id) is not None and "locked" in screen_text(app), "the list")
+        await until(
+            pilot,
+            lambda: lst.index_of(long_id) is not None and "locked" in screen_text(app),
+            "the list",
+        )
         await shoot(app, pilot, "executions", out, svgs)
 
         # Help panel, over the list.
@@ -197,23 +214,39 @@ async def make(out: Path) -> list[Path]:
 
         # Execution detail: the waiting order's state machine.
         app.open_execution(IDS["order-8"])
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), "the detail screen")
+        await until(
+            pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), "the detail screen"
+        )
         detail: Any = app.screen
-        await until(pilot, lambda: detail.info is not None and "BlockedByJoinSet" in screen_text(app), "the state tab")
+        await until(
+            pilot,
+            lambda: detail.info is not None and "BlockedByJoinSet" in screen_text(app),
+            "the state tab",
+        )
         await shoot(app, pilot, "detail-state", out, svgs)
         await pilot.press("escape")
 
         # The approved order: events with a backtrace, logs, result.
         app.open_execution(IDS["order-7"])
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen is not detail, "the detail screen")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen is not detail,
+            "the detail screen",
+        )
         detail = app.screen
-        await until(pilot, lambda: detail.info is not None and detail.info["state"]["type"] == "finished", "order-7")
+        await until(
+            pilot,
+            lambda: detail.info is not None and detail.info["state"]["type"] == "finished",
+            "order-7",
+        )
         await pilot.press("2")
         log = detail.query_one(EventLog)
         await until(pilot, lambda: bool(log.events), "the events")
         with_bt = [i for i, e in enumerate(log.events) if e.get("backtrace_id") is not None]
         log.move_cursor(with_bt[0])  # the call of the approval stub
-        await until(pilot, lambda: "approve(orderId)" in screen_text(app), "the backtrace's source line")
+        await until(
+            pilot, lambda: "approve(orderId)" in screen_text(app), "the backtrace's source line"
+        )
         await shoot(app, pilot, "detail-events", out, svgs)
         await pilot.press("5")
         await until(pilot, lambda: "shipped" in screen_text(app), "the result")
@@ -222,7 +255,11 @@ async def make(out: Path) -> list[Path]:
 
         # A Python activity's logs: a log call and a line on stdout.
         app.open_execution(IDS["step"])
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen is not detail, "the detail screen")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen is not detail,
+            "the detail screen",
+        )
         detail = app.screen
         await pilot.press("4")
         await until(pilot, lambda: "step 3 done" in screen_text(app), "the logs")
@@ -231,30 +268,58 @@ async def make(out: Path) -> list[Path]:
 
         # Child workflows and their children.
         app.open_execution(IDS["batch"])
-        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen is not detail, "the detail screen")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, ExecutionDetailScreen) and app.screen is not detail,
+            "the detail screen",
+        )
         detail = app.screen
         await pilot.press("3")
-        await until(pilot, lambda: screen_text(app).count("myapp:demo/workflow.parallel") >= 2, "the children")
+        await until(
+            pilot,
+            lambda: screen_text(app).count("myapp:demo/workflow.parallel") >= 2,
+            "the children",
+        )
         tree: Any = detail.query_one("ChildrenTree")
         tree.root.expand_all()
-        await until(pilot, lambda: screen_text(app).count("myapp:demo/activity.step") >= 10, "the grandchildren")
+        await until(
+            pilot,
+            lambda: screen_text(app).count("myapp:demo/activity.step") >= 10,
+            "the grandchildren",
+        )
         await shoot(app, pilot, "detail-children", out, svgs)
         await pilot.press("escape")
         await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), "the home screen")
 
         # Components.
         await pilot.press("C")
-        await until(pilot, lambda: isinstance(app.screen, ComponentsScreen) and "started" in screen_text(app), "the components")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, ComponentsScreen) and "started" in screen_text(app),
+            "the components",
+        )
         await shoot(app, pilot, "components", out, svgs)
         await pilot.press("escape")
 
         # Submit: a function picked by typing, its params checked against the WIT types.
         await pilot.press("s")
-        await until(pilot, lambda: isinstance(app.screen, SubmitScreen) and "myapp:demo/wat.add" in screen_text(app), "the submit form")
+        await until(
+            pilot,
+            lambda: (
+                isinstance(app.screen, SubmitScreen) and "myapp:demo/wat.add" in screen_text(app)
+            ),
+            "the submit form",
+        )
         submit: Any = app.screen
         await pilot.press(*"activity.st")
         await pilot.press("enter")
-        await until(pilot, lambda: submit.chosen is not None and submit.chosen["ffqn"] == "myapp:demo/activity.step", "the function")
+        await until(
+            pilot,
+            lambda: (
+                submit.chosen is not None and submit.chosen["ffqn"] == "myapp:demo/activity.step"
+            ),
+            "the function",
+        )
         submit.query_one(TextArea).text = "[3, 250]"
         await until(pilot, lambda: "params match the types" in screen_text(app), "the params check")
         await shoot(app, pilot, "submit", out, svgs)
@@ -302,7 +367,9 @@ def to_png(svg: Path, font: str) -> Path:
     from PIL import Image  # cairosvg's dependency
 
     with Image.open(png) as image:
-        small = image.quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
+        small = image.quantize(
+            colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE
+        )
     small.save(png, optimize=True)
     return png
 

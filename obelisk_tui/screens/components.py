@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -92,6 +92,13 @@ def render_reload(reload: dict[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
+def elide_left(text: str, width: int) -> str:
+    """`text` in at most `width` columns: its end, after an ellipsis, if it is longer."""
+    if len(text) <= width:
+        return text
+    return "…" + text[len(text) - width + 1 :] if width > 1 else "…"[:width]
+
+
 def render_component(c: ComponentInfo) -> RenderableType:
     head = Text()
     head.append(c["name"], "bold")
@@ -138,6 +145,10 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
     def on_screen_resume(self) -> None:
         self.load()  # what changed while a screen was on top of this one
 
+    def on_resize(self, _: events.Resize) -> None:
+        if self.deployment is not None:
+            self.show(self.deployment)  # the file column fits the new width
+
     def on_deployment_reloaded(self, message: DeploymentReloaded) -> None:
         self.show(message.deployment)
 
@@ -169,15 +180,19 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
         table = self.query_one(DataTable)
         row = table.cursor_row
         table.clear()
-        for c in deployment["components"]:
-            table.add_row(
-                c["name"],
-                c["type"],
-                str(len(c["exports"])),
-                c["digest"][:19] + "…",
-                c["location"] or "",
-                key=c["name"],
-            )
+        rows = [
+            (c["name"], c["type"], str(len(c["exports"])), c["digest"][:19] + "…")
+            for c in deployment["components"]
+        ]
+        # The file column gets what is left of the width; a path that does not fit keeps
+        # its end, the file's name (the detail below has it whole).
+        used = sum(
+            max([len(title), *(len(r[i]) for r in rows)]) + 2
+            for i, title in enumerate(("name", "type", "exports", "digest"))
+        )
+        room = max(len("file"), self.size.width - used - 4)
+        for r, c in zip(rows, deployment["components"], strict=True):
+            table.add_row(*r, elide_left(c["location"] or "", room), key=c["name"])
         if deployment["components"]:
             table.move_cursor(row=min(row, len(deployment["components"]) - 1))
             self._detail(table.cursor_row)

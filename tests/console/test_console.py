@@ -604,6 +604,30 @@ async def test_components_screen_and_hot_reload(console_engine: Engine, tmp_path
         assert isinstance(app.screen, ExecutionsScreen)
 
 
+async def test_components_file_paths_keep_their_end_at_80_columns(
+    console_engine: Engine, tmp_path: Path
+) -> None:
+    from obelisk_tui.screens.components import elide_left
+
+    assert elide_left("/a/b/step.js", 20) == "/a/b/step.js"
+    assert elide_left("/a/b/step.js", 8) == "…step.js" and elide_left("abc", 1) == "…"
+    async with open_console(console_engine, size=(80, 24)) as (app, pilot):
+        await pilot.press("C")
+        await until(pilot, lambda: "fanout" in screen_text(app), what="the table")
+        row = next(line for line in screen_text(app).splitlines() if " step " in line)
+        assert "…" in row and "step.js" in row, row  # the path's end, not its start
+        assert str(tmp_path / "step.js") in screen_text(app)  # whole in the detail
+        await pilot.resize_terminal(200, 24)
+        await until(
+            pilot,
+            lambda: any(
+                str(tmp_path / "step.js") in line and " step " in line
+                for line in screen_text(app).splitlines()
+            ),
+            what="the whole path in the table",
+        )
+
+
 async def test_submit_form_checks_params_and_opens_the_new_execution(
     console_engine: Engine,
 ) -> None:
