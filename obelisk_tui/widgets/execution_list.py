@@ -198,9 +198,14 @@ class ExecutionList(RowList):
     def row_count(self) -> int:
         return self.total
 
+    def _columns(self, width: int) -> list[tuple[str, int]]:
+        # Laid out as if the scrollbar were always there: a list that grows past the
+        # screen's height does not drop (and a shrinking one bring back) a column.
+        return layout(min(width, self.size.width - self.styles.scrollbar_size_vertical))
+
     def render_header(self, width: int) -> Text:
         text = Text()
-        for title, w in layout(width):
+        for title, w in self._columns(width):
             text.append(title.ljust(w)[:w] + " ")
         return text
 
@@ -209,7 +214,7 @@ class ExecutionList(RowList):
         if info is None:
             return None
         return render_execution(
-            info, layout(width), self.now(), info["execution_id"] in self.marked
+            info, self._columns(width), self.now(), info["execution_id"] in self.marked
         )
 
 

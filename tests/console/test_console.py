@@ -120,6 +120,24 @@ async def test_filter_order_and_clear(console_engine: Engine) -> None:
         assert listed(app) == [done, waiting]  # unchanged
 
 
+async def test_columns_stay_when_the_list_grows_a_scrollbar(console_engine: Engine) -> None:
+    """At a width where a scrollbar's columns decide whether WHEN fits, a list that grows
+    past the screen keeps the columns it had (it used to drop WHEN, and flicker)."""
+    engine = console_engine
+    first = await engine.submit(APPROVE, ["first"])
+    async with open_console(engine, size=(160, 20)) as (app, pilot):
+        lst = app.screen.query_one(ExecutionList)
+        margin = app.size.width - lst.size.width
+        await pilot.resize_terminal(100 + margin, 20)  # WHEN fits in 100, not in 99
+        await until(pilot, lambda: listed(app) == [first], what="one row")
+        header = next(line for line in screen_text(app).splitlines() if "EXECUTION" in line)
+        for i in range(30):
+            await engine.submit(APPROVE, [str(i)])
+        await until(pilot, lambda: lst.total == 31, what="a list taller than the screen")
+        await pilot.pause(0.1)
+        assert header in screen_text(app).splitlines()
+
+
 async def test_keys_typed_right_after_slash_go_to_the_filter(console_engine: Engine) -> None:
     from textual import events
     from textual.widgets import Input
