@@ -261,6 +261,42 @@ def cmd_server_run(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_server_verify(args: argparse.Namespace) -> int:
+    """Check a deployment as `server run` would, without starting anything."""
+    import asyncio
+    import tempfile
+    from pathlib import Path
+
+    from engine.components import verify_deployment
+    from engine.errors import DeploymentError
+
+    async def verify(cache: Path) -> Any:
+        return await verify_deployment(args.deployment, cache)
+
+    try:
+        if args.data_dir is not None:
+            registry = asyncio.run(verify(Path(args.data_dir) / "cache"))
+        else:
+            with tempfile.TemporaryDirectory(prefix="obelisk-verify-") as tmp:
+                registry = asyncio.run(verify(Path(tmp)))
+    except DeploymentError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    components = registry.components
+    print(
+        f"{args.deployment}: ok, {len(components)} component(s), "
+        f"{len(registry.functions)} function(s)"
+    )
+    width = max((len(c.config.name) for c in components), default=0)
+    for c in components:
+        digest = c.component_id.digest
+        print(
+            f"  {c.config.type:<15}{c.config.name:<{width}}  {digest[:19]}…  "
+            + ", ".join(f.rsplit("/", 1)[-1] for f in c.ffqns)
+        )
+    return 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     params = _parse_json_arg(args.params, "PARAMS")
     if not isinstance(params, list):
@@ -573,6 +609,19 @@ def build_parser() -> argparse.ArgumentParser:
         "leave placement to the OS",
     )
     run.set_defaults(handler=cmd_server_run)
+    verify = server_sub.add_parser(
+        "verify",
+        help="check a deployment as `run` would (TOML, components, workflows' imports) "
+        "and exit: 0 ok, 1 with the problem",
+    )
+    verify.add_argument("--deployment", required=True, metavar="FILE", help="deployment.toml")
+    verify.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="reuse and fill the compiled-component cache of this data dir "
+        "(default: a temporary one)",
+    )
+    verify.set_defaults(handler=cmd_server_verify)
 
     # execution
     execution = top.add_parser("execution", help="submit and inspect executions")

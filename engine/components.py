@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.core import events as ev
-from engine.deployment import ComponentConfig, Deployment, Param, is_ffqn
+from engine.deployment import ComponentConfig, Deployment, Param, is_ffqn, load_deployment
 from engine.errors import DeploymentError, InvalidParams, UnknownFunction
 from engine.wit.codec import WitValueError, validate_json
 from engine.wit.types import WitType, format_wit_type
@@ -290,6 +291,22 @@ async def load_registry(
         *(asyncio.to_thread(check_workflow, c, registry) for c in registry.components)
     )
     return registry
+
+
+async def verify_deployment(path: str | os.PathLike[str], cache_dir: Path) -> Registry:
+    """Everything `Engine.start` checks before it starts anything — the TOML, every
+    component compiled or loaded, its exports, workflows' imports against them — with no
+    storage and no executors (`obelisk server verify`). Raises DeploymentError."""
+    from engine.workers.wasm_activity import WasmEngine
+
+    deployment = load_deployment(path)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DeploymentError(
+            f"cannot use the cache directory {cache_dir}: {e.strerror or e}"
+        ) from None
+    return await load_registry(deployment, WasmEngine(), cache_dir)
 
 
 def check_workflow(component: LoadedComponent, registry: Registry) -> None:

@@ -710,3 +710,25 @@ def test_server_run_start_up_errors(tmp_path: Path, case: str, code: int, fragme
     # about the address itself.
     args += ["--api-listen", "localhost" if case == "bad --api-listen" else "127.0.0.1:0"]
     assert fragment in _run_fails(args, tmp_path, code)
+
+
+def test_server_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`server verify` checks what `server run` checks at start, and starts nothing."""
+    deployment = write_workflow_deployment(tmp_path)
+    cli = Cli(capsys)
+    code, out, err = cli("server", "verify", "--deployment", str(deployment))
+    assert code == 0, err
+    assert out.startswith(f"{deployment}: ok, ") and "checkout" in out
+    assert list(tmp_path.rglob("obelisk.sqlite*")) == []  # no database, no data dir
+    # A workflow importing a function the deployment does not export.
+    (tmp_path / "checkout.js").write_text(
+        (tmp_path / "checkout.js").read_text().replace("approval", "approvals", 1)
+    )
+    code, out, err = cli("server", "verify", "--deployment", str(deployment), "--data-dir",
+                         str(tmp_path / "data"))  # fmt: skip
+    assert code == 1 and out == ""
+    assert err.startswith(f"error: {deployment}: [[workflow_js]]") and "approvals" in err, err
+    assert "Traceback" not in err
+    assert (tmp_path / "data" / "cache").is_dir()  # the cache of that data dir was used
+    code, _, err = cli("server", "verify", "--deployment", str(tmp_path / "nope.toml"))
+    assert (code, err.strip()) == (1, f"error: {tmp_path / 'nope.toml'}: deployment file not found")
