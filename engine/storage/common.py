@@ -7,11 +7,13 @@ The state machine itself is `engine.core.state`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -32,6 +34,9 @@ from engine.storage.contract import (
     NotCancellable,
 )
 from engine.workflow.host_api import Frame
+
+if TYPE_CHECKING:
+    from engine.storage.notify import Notifier
 
 log = logging.getLogger("obelisk.storage")
 
@@ -111,6 +116,66 @@ class Notes:
     cancelled: set[str] = field(default_factory=set)
     #: Cancelling executions that changed (for the cancellation driver).
     cancelling: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class RemoteNotes:
+    """What one commit tells the other processes sharing the database (PostgreSQL's
+    NOTIFY, SQLite's `engine.storage.sqlite_peers`): one line each, after the sender."""
+
+    lines: list[str] = field(default_factory=list)
+
+    def add(self, notes: Notes) -> None:
+        self.lines += [f"p {f}" for f in notes.pending]
+        self.lines += [f"l {delay!r} {f}" for f, delay in notes.pending_later.items()]
+        self.lines += [f"f {e}" for e, _ in notes.finished]
+        self.lines += [f"r {e}" for e in notes.responses]
+        self.lines += [f"c {e}" for e in notes.cancelled]
+        self.lines += [f"x {e}" for e in notes.cancelling]
+
+    def chunks(self, sender: str, limit: int = 7000) -> list[str]:
+        """Payloads of at most about `limit` bytes (NOTIFY takes < 8000), each with the
+        sender first."""
+        out: list[str] = []
+        current = [sender]
+        size = len(sender)
+        for line in dict.fromkeys(self.lines):  # deduplicated, in order
+            if size + len(line) + 1 > limit and len(current) > 1:
+                out.append("\n".join(current))
+                current, size = [sender], len(sender)
+            current.append(line)
+            size += len(line) + 1
+        out.append("\n".join(current))
+        return out
+
+
+def apply_remote_notes(notifier: Notifier, body: str) -> list[str]:
+    """Wake this process's waiters for what another process committed (the lines of a
+    `RemoteNotes` payload after its sender). Returns the executions it finished: the
+    caller reads their results for the local waiters."""
+    finished: list[str] = []
+    for line in body.split("\n"):
+        kind, _, arg = line.partition(" ")
+        if not arg:
+            continue
+        if kind == "p":
+            notifier.pending(arg)
+        elif kind == "l":
+            delay, _, ffqn = arg.partition(" ")
+            with contextlib.suppress(ValueError):
+                notifier.pending_later(ffqn, max(0.0, float(delay)))
+        elif kind == "r":
+            notifier.response(arg)
+        elif kind == "f":
+            finished.append(arg)
+        elif kind == "c":
+            notifier.cancelled(arg)
+        elif kind == "x":
+            notifier.cancelling(arg)
+    if not finished:
+        return []
+    awaited = set(notifier.awaited_results())
+    return [e for e in finished if e in awaited]
 
 
 def direct_locked(req: CreateRequest, lock: DirectLock, s: ExecutionSummary) -> LockedExecution:

@@ -35,7 +35,7 @@ import random
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -54,7 +54,9 @@ from engine.core.state import (
 from engine.storage.common import (
     Notes,
     PreparedBacktrace,
+    RemoteNotes,
     announce_direct,
+    apply_remote_notes,
     cancel_events,
     check_unpause,
     direct_locked,
@@ -384,34 +386,6 @@ class _CommitUnknown(Exception):
         self.cause = cause
 
 
-@dataclass(slots=True)
-class _Payload:
-    """What one NOTIFY tells the other processes (one line each, after the sender)."""
-
-    lines: list[str] = field(default_factory=list)
-
-    def add(self, notes: Notes) -> None:
-        self.lines += [f"p {f}" for f in notes.pending]
-        self.lines += [f"f {e}" for e, _ in notes.finished]
-        self.lines += [f"r {e}" for e in notes.responses]
-        self.lines += [f"c {e}" for e in notes.cancelled]
-        self.lines += [f"x {e}" for e in notes.cancelling]
-
-    def chunks(self, sender: str, limit: int = 7000) -> list[str]:
-        """NOTIFY payloads stay below 8000 bytes: split, each with the sender first."""
-        out: list[str] = []
-        current = [sender]
-        size = len(sender)
-        for line in dict.fromkeys(self.lines):  # deduplicated, in order
-            if size + len(line) + 1 > limit and len(current) > 1:
-                out.append("\n".join(current))
-                current, size = [sender], len(sender)
-            current.append(line)
-            size += len(line) + 1
-        out.append("\n".join(current))
-        return out
-
-
 # ---------------------------------------------------------------------------------------
 # The storage
 # ---------------------------------------------------------------------------------------
@@ -731,26 +705,9 @@ class PostgresStorage:
         if sender == self._sender:
             return  # announced locally after the commit
         self.stats["notifications"] += 1
-        finished: list[str] = []
-        for line in body.split("\n"):
-            kind, _, arg = line.partition(" ")
-            if not arg:
-                continue
-            if kind == "p":
-                self.notifier.pending(arg)
-            elif kind == "r":
-                self.notifier.response(arg)
-            elif kind == "f":
-                finished.append(arg)
-            elif kind == "c":
-                self.notifier.cancelled(arg)
-            elif kind == "x":
-                self.notifier.cancelling(arg)
+        finished = apply_remote_notes(self.notifier, body)
         if finished:
-            awaited = set(self.notifier.awaited_results())
-            wanted = [e for e in finished if e in awaited]
-            if wanted:
-                self._spawn(self._announce_finished(wanted))
+            self._spawn(self._announce_finished(finished))
         self.notifier.changed()
 
     def _wake_everyone(self) -> None:
@@ -1499,7 +1456,7 @@ async def _commit(conn: asyncpg.Connection, outcomes: list[Outcome], ident: _Ide
     if not any(ok for ok, _, _ in outcomes):  # nothing changed: nobody to tell
         xid = await conn.fetchval("SELECT pg_current_xact_id()::text")
         return await _commit_noting(conn, outcomes, str(xid))
-    payload = _Payload()
+    payload = RemoteNotes()
     for ok, _, notes in outcomes:
         if ok:
             payload.add(notes)

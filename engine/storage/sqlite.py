@@ -44,10 +44,13 @@ from engine.core.state import (
     apply_response,
     created_summary,
 )
+from engine.storage import sqlite_peers
 from engine.storage.common import (
     Notes,
     PreparedBacktrace,
+    RemoteNotes,
     announce_direct,
+    apply_remote_notes,
     cancel_events,
     check_unpause,
     direct_locked,
@@ -83,6 +86,9 @@ from engine.storage.contract import (
 )
 from engine.storage.leases import ExecutorLeases
 from engine.storage.notify import Notifier, ResponseInbox
+from engine.storage.sqlite_cache import SummaryCache, record_unknown_writes
+from engine.storage.sqlite_peers import PeerBus
+from engine.storage.write_lock import WriteLock
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import Frame
 
@@ -90,7 +96,7 @@ log = logging.getLogger("obelisk.storage")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MIGRATIONS: list[str] = [
     # 1: initial schema
@@ -178,6 +184,15 @@ MIGRATIONS: list[str] = [
     # 4: the console's "last change first" order pages through an index, not a sort
     """
     CREATE INDEX executions_updated ON executions (updated_at DESC, execution_id DESC);
+    """,
+    # 5: which executions each physical transaction wrote, so that the other processes
+    # sharing the file forget only those (`engine.storage.sqlite_cache`)
+    """
+    CREATE TABLE row_writes (
+        seq INTEGER PRIMARY KEY,     -- consecutive: rows are pruned only from the start
+        writer TEXT NOT NULL,        -- the writing storage
+        ids TEXT NOT NULL            -- execution ids, one per line; '*': anything
+    );
     """,
 ]
 
@@ -319,6 +334,9 @@ class _Writer:
         #: Set by the storage: whether a committed batch has something for the loop
         #: that must not wait (see `_deliver_later`).
         self.urgent: Callable[[list[_Tx], list[_Outcome]], bool] | None = None
+        #: Set by the storage: tell the other processes sharing the file what a
+        #: committed batch changed (`engine.storage.sqlite_peers`).
+        self.tell_peers: Callable[[list[_Outcome]], None] | None = None
         #: Deliveries held back (nothing in them waits), sent with the next one.
         self._later: list[tuple[list[_Tx], list[_Outcome], bool, bool]] = []
         self._later_since = 0.0
@@ -421,22 +439,26 @@ class _Writer:
     def _main(self) -> None:
         affinity.pin("writer")
         try:
-            self.conn = sqlite3.connect(
+            conn = sqlite3.connect(
                 str(self.path),
                 isolation_level=None,
                 check_same_thread=False,
                 factory=_WriterConnection,
             )
+            assert isinstance(conn, _WriterConnection)
+            self.conn = conn
         except BaseException as e:
             with self._lock:
                 self._accepting = False
             self._to_loop(_settle, self._connected, False, e)
             self._to_loop(_settle, self.stopped, True, None)
             return
+        conn.write_lock = WriteLock(Path(f"{self.path}-write-lock"))
         self._to_loop(_settle, self._connected, True, None)
         try:
-            self._serve(self.conn)
+            self._serve(conn)
         finally:
+            conn.write_lock.close()
             with self._lock:
                 self._accepting = False
             if self.early is not None:
@@ -487,14 +509,18 @@ class _Writer:
                 cache = _summaries(conn)
                 if cache is not None:  # it may write anything: no cache, then a new one
                     cache.enabled = False
+                changes_before = conn.total_changes
                 try:
                     value, ok = item.fn(conn), True
                 except BaseException as e:
                     value, ok = e, False
                 finally:
+                    _release(conn)
                     if cache is not None:
                         cache.clear()
                         cache.enabled = True
+                        if conn.total_changes != changes_before:
+                            _record_unknown(conn, cache.writer_id)
                 self._to_loop(_settle, item.future, ok, value)
                 continue
             batch = [item]
@@ -545,6 +571,13 @@ class _Writer:
         except Exception as e:  # the connection itself failed
             error = StorageError(f"database write failed: {e}")
             outcomes, wrote, committed = [(False, error, _Notes()) for _ in batch], False, False
+        finally:
+            _release(conn)  # whatever happened, the next writer may go
+        if committed and wrote and self.tell_peers is not None:
+            try:
+                self.tell_peers(outcomes)
+            except Exception:  # a bug: the peers re-check by themselves
+                log.exception("telling other processes failed")
         # Waiting workflow runs (unless they got their responses before the COMMIT) and
         # callers on other threads first, straight from here: they need nothing from
         # the loop.
@@ -580,6 +613,9 @@ class SqliteStorage:
         self._closed = False
         #: Counters for benchmarks: logical transactions and physical commits.
         self.stats = {"logical": 0, "commits": 0, "events": 0}
+        #: Wake-ups to and from the other processes sharing the file.
+        self.peers = PeerBus(path, self._on_peer_message)
+        self._background: set[asyncio.Future[Any]] = set()
 
     # -- opening ----------------------------------------------------------------
     @classmethod
@@ -617,6 +653,8 @@ class SqliteStorage:
         writer.urgent = storage._urgent
         writer.post_responses = storage.notifier.post_responses
         writer.early = _EarlyResponses(storage.notifier)
+        if storage.peers.open(asyncio.get_running_loop()):
+            writer.tell_peers = storage._tell_peers
         storage._writer = writer
         return storage
 
@@ -632,6 +670,9 @@ class SqliteStorage:
             # The writer finishes what was queued before the close, then stops: every
             # caller gets its outcome instead of awaiting a future nobody completes.
             await self._writer.stop()
+        self.peers.close()
+        for task in list(self._background):
+            task.cancel()
         self.notifier.close()
         await self._reader.close()
 
@@ -703,6 +744,43 @@ class SqliteStorage:
             self.notifier.cancelled(execution_id)
         for execution_id in notes.cancelling:
             self.notifier.cancelling(execution_id)
+
+    # -- other processes sharing the file ----------------------------------------------
+    def _tell_peers(self, outcomes: list[_Outcome]) -> None:
+        """On the writer thread, after a COMMIT: what it changed, to the other processes."""
+        payload = RemoteNotes()
+        for ok, _, notes in outcomes:
+            if ok:
+                payload.add(notes)
+        if payload.lines:
+            self.peers.send(payload.chunks(self.peers.name, sqlite_peers.MAX_DATAGRAM))
+
+    def _on_peer_message(self, payload: str) -> None:
+        """On the loop: another process committed."""
+        _sender, _, body = payload.partition("\n")
+        finished = apply_remote_notes(self.notifier, body)
+        if finished:
+            task = asyncio.ensure_future(self._announce_finished(finished))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        self.notifier.changed()
+
+    async def _announce_finished(self, ids: list[str]) -> None:
+        """Local waiters of results another process finished (one read per 500)."""
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            try:
+                rows = await self._reader.execute_fetchall(
+                    "SELECT execution_id, summary FROM executions WHERE state = 'finished' "
+                    f"AND execution_id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                )
+            except (sqlite3.Error, ValueError):  # closing: the re-check poller tries again
+                return
+            for execution_id, blob in rows:
+                s = _summary_decoder.decode(blob)
+                if s.result is not None:
+                    self.notifier.finished(execution_id, s.result)
 
     # -- writes -----------------------------------------------------------------------
     async def create(self, request: CreateRequest, now: datetime) -> None:
@@ -1145,28 +1223,16 @@ class SqliteStorage:
             )
 
     async def _poll_finished(self) -> None:
-        """Other processes sharing the file do not notify us: while anyone waits for a
-        result, re-check all awaited executions now and then, in one query per chunk
-        (rather than one timer and one query per waiter)."""
+        """A safety net for a wake-up from another process that was lost (see
+        `engine.storage.sqlite_peers`): while anyone waits for a result, re-check all
+        awaited executions now and then, in one query per chunk (rather than one timer
+        and one query per waiter)."""
         while True:
             await asyncio.sleep(self.FINISHED_RECHECK_INTERVAL)
             ids = self.notifier.awaited_results()
             if not ids:
                 return
-            for i in range(0, len(ids), 500):
-                chunk = ids[i : i + 500]
-                try:
-                    rows = await self._reader.execute_fetchall(
-                        "SELECT execution_id, summary FROM executions WHERE state = 'finished' "
-                        f"AND execution_id IN ({','.join('?' * len(chunk))})",
-                        chunk,
-                    )
-                except (sqlite3.Error, ValueError):  # closing: waiters time out or are cancelled
-                    return
-                for execution_id, blob in rows:
-                    s = _summary_decoder.decode(blob)
-                    if s.result is not None:
-                        self.notifier.finished(execution_id, s.result)
+            await self._announce_finished(ids)
 
     async def wait_for_response(
         self, execution_id: str, after_cursor: int, timeout: float
@@ -1437,6 +1503,7 @@ def _run_batch_plain(
     """The batch without savepoints; None (after a rollback) to run it with them."""
     outcomes: list[tuple[bool, Any, _Notes]] = []
     _begin(conn)  # failing: the connection itself failed (as below)
+    changes_before = conn.total_changes
     if early is not None:
         early.began()
     for tx in batch:
@@ -1448,13 +1515,27 @@ def _run_batch_plain(
             value = tx.fn(conn, notes)
         except Exception as e:
             with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
+                _end(conn, "ROLLBACK")
             if len(batch) > 1:
                 return None
             return [(False, _translate(e), notes)]
         if not conn.in_transaction:  # it ended the transaction (see the savepoint path)
+            _release(conn)
             return None
         outcomes.append((True, value, notes))
+    return _finish_batch(conn, batch, outcomes, changes_before, early, more)
+
+
+def _finish_batch(
+    conn: sqlite3.Connection,
+    batch: list[_Tx],
+    outcomes: list[tuple[bool, Any, _Notes]],
+    changes_before: int,
+    early: _EarlyResponses | None,
+    more: Callable[[float], _Tx | None] | None,
+) -> list[tuple[bool, Any, _Notes]] | None:
+    """Everything of `batch` is written (`outcomes`): hand over what waits for it,
+    COMMIT. None (after a rollback) when the COMMIT failed."""
     # Directly locked children start now: their runs overlap the fsync of the COMMIT
     # that creates them. Should that COMMIT fail, the savepoint retry writes the same
     # locks again (a second hand-over is a no-op) or the runs' outcomes find no such
@@ -1465,10 +1546,11 @@ def _run_batch_plain(
     try:
         if more is not None:
             _linger(conn, batch, outcomes, early, more)
-        conn.execute("COMMIT")
+        _record_writes(conn, changes_before)
+        _end(conn, "COMMIT")
     except Exception:
         with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
+            _end(conn, "ROLLBACK")
         if early is not None:
             early.settle(False)
         return None
@@ -1561,13 +1643,15 @@ def _run_batch_savepoints_uncached(
 ) -> list[tuple[bool, Any, _Notes]]:
     outcomes: list[tuple[bool, Any, _Notes]] = []
     _begin(conn)
+    changes_before = conn.total_changes
     try:
         for tx in batch:
             outcomes.append(_refused(early, tx) or _in_savepoint(conn, tx))
-        conn.execute("COMMIT")
+        _record_writes(conn, changes_before)
+        _end(conn, "COMMIT")
     except sqlite3.Error as e:
         with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
+            _end(conn, "ROLLBACK")
         if len(batch) == 1:
             return [(False, StorageError(f"database write failed: {e}"), _Notes())]
         # Retry each alone so that one bad transaction cannot fail the others.
@@ -1983,60 +2067,6 @@ def _backtrace_id(conn: sqlite3.Connection, bt: _PreparedBacktrace) -> int:
     return cursor.lastrowid
 
 
-class _SummaryCache:
-    """The summaries (and `updated_at`) of the executions the writer wrote lately, so
-    that the next write of one reads and decodes no row: a workflow step writes its
-    own summary, its child's and (with the child's result) its own again.
-
-    Entries of the open physical transaction are kept apart and become committed ones
-    only after its COMMIT; a rollback drops them. Everything is forgotten when another
-    connection committed (`PRAGMA data_version`, checked at every BEGIN), after a
-    `_Call` (it may write anything) and after a batch that needed savepoints. Summaries
-    are never changed in place (`apply_event` returns new ones), so sharing them with
-    the callers of a write is safe."""
-
-    MAX = 10_000
-
-    def __init__(self) -> None:
-        self.committed: dict[str, tuple[ExecutionSummary, int]] = {}
-        self.tx: dict[str, tuple[ExecutionSummary, int]] = {}
-        self.enabled = True
-        self._data_version: int | None = None
-
-    def get(self, execution_id: str) -> tuple[ExecutionSummary, int] | None:
-        if not self.enabled:
-            return None
-        found = self.tx.get(execution_id)
-        return found if found is not None else self.committed.get(execution_id)
-
-    def put(self, execution_id: str, s: ExecutionSummary, updated_us: int) -> None:
-        if self.enabled:
-            self.tx[execution_id] = (s, updated_us)
-
-    def began(self, conn: sqlite3.Connection) -> None:
-        """In a new transaction: forget everything if another connection wrote."""
-        self.tx.clear()
-        version = conn.execute("PRAGMA data_version").fetchone()[0]
-        if version != self._data_version:
-            self.committed.clear()
-            self._data_version = version
-
-    def commit(self) -> None:
-        committed = self.committed
-        for execution_id, entry in self.tx.items():
-            committed.pop(execution_id, None)  # to the end: the oldest go first
-            if not entry[0].is_finished:
-                committed[execution_id] = entry
-        self.tx.clear()
-        if len(committed) > self.MAX:
-            for execution_id in list(committed)[: self.MAX // 2]:
-                del committed[execution_id]
-
-    def clear(self) -> None:
-        self.committed.clear()
-        self.tx.clear()
-
-
 class _WriterConnection(sqlite3.Connection):
     """The writer's connection, with what it remembers across its transactions."""
 
@@ -2047,21 +2077,61 @@ class _WriterConnection(sqlite3.Connection):
         self.backtrace_ids: dict[bytes, int] = {}
         #: Hashes the current physical transaction inserted (a rollback undoes them).
         self.new_backtraces: set[bytes] = set()
-        self.summaries = _SummaryCache()
+        self.summaries = SummaryCache(f"{os.getpid()}-{os.urandom(6).hex()}")
+        #: Taken before BEGIN IMMEDIATE, let go after COMMIT / ROLLBACK (set at start).
+        self.write_lock: WriteLock | None = None
 
 
-def _summaries(conn: sqlite3.Connection) -> _SummaryCache | None:
-    return conn.summaries if isinstance(conn, _WriterConnection) else None
+def _summaries(conn: sqlite3.Connection) -> SummaryCache | None:
+    return getattr(conn, "summaries", None)
 
 
 def _begin(conn: sqlite3.Connection) -> None:
-    conn.execute("BEGIN IMMEDIATE")
+    lock: WriteLock | None = getattr(conn, "write_lock", None)
+    if lock is not None:
+        lock.acquire()
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except BaseException:
+        _release(conn)
+        raise
     new = getattr(conn, "new_backtraces", None)
     if new:
         new.clear()
     cache = _summaries(conn)
     if cache is not None:
         cache.began(conn)
+
+
+def _end(conn: sqlite3.Connection, how: str) -> None:
+    """COMMIT or ROLLBACK the physical transaction, then let the next writer go."""
+    try:
+        conn.execute(how)
+    finally:
+        _release(conn)
+
+
+def _release(conn: sqlite3.Connection) -> None:
+    lock: WriteLock | None = getattr(conn, "write_lock", None)
+    if lock is not None:
+        lock.release()
+
+
+def _record_unknown(conn: sqlite3.Connection, writer_id: str) -> None:
+    """After a `_Call` changed rows outside a batch: the other writers forget everything
+    (before the first migration there is no table to tell them: nothing to forget)."""
+    if conn.in_transaction:
+        return  # it left its own transaction open: its owner decides (tests only)
+    with contextlib.suppress(sqlite3.OperationalError):
+        record_unknown_writes(conn, writer_id)
+
+
+def _record_writes(conn: sqlite3.Connection, changes_before: int) -> None:
+    """Before the COMMIT: name what this transaction wrote for the other writers
+    (`engine.storage.sqlite_cache`), when it changed anything."""
+    cache = _summaries(conn)
+    if cache is not None and conn.total_changes != changes_before:
+        cache.record_writes(conn)
 
 
 def _backtrace_ids(

@@ -1,0 +1,166 @@
+"""Wake-ups between the processes of one host that share a SQLite file.
+
+PostgreSQL has LISTEN/NOTIFY; SQLite has nothing of the kind, so each `SqliteStorage`
+binds a datagram socket of its own and, after every commit that changed something, sends
+the other processes of the file one `RemoteNotes` payload: new pending work per FFQN,
+responses, finished results, cancellations. A child finished by one process wakes its
+parent's run waiting in another at once, instead of at its next poll.
+
+- Sockets are Linux abstract UNIX sockets (no file, no path-length limit, gone when the
+  process is), named after the database's real path and the peer. The peers of a file
+  register in `<database>-peers/`, one empty file each; a peer whose socket is gone (it
+  died) is forgotten and its file removed by whoever notices.
+- Sending never blocks the writer: a datagram a peer has no room for is dropped, and
+  the peer's periodic re-checks (`exec.tick_sleep`, the 1 s re-reads of awaited results
+  and responses) catch up, as they did before there was a bus.
+- Elsewhere than on Linux there is no bus, only the re-checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("obelisk.storage")
+
+#: How long the list of peers is trusted before the directory is read again.
+PEERS_TTL = 0.5
+#: Datagrams stay below this (the kernel's default socket buffer is ~200 KiB).
+MAX_DATAGRAM = 32_000
+#: Receive buffer asked for: bursts of commits while the loop is busy.
+RECEIVE_BUFFER = 4 * 1024 * 1024
+
+
+def supported() -> bool:
+    return sys.platform.startswith("linux") and hasattr(socket, "AF_UNIX")
+
+
+class PeerBus:
+    """This process's end: `send` from any thread (the writer's), `on_message` called
+    on the event loop with each payload another peer sent."""
+
+    def __init__(self, database: Path, on_message: Callable[[str], None]) -> None:
+        self.directory = Path(f"{database}-peers")
+        real = os.path.realpath(database)
+        self._prefix = b"\0obelisk-" + hashlib.sha256(real.encode()).hexdigest()[:20].encode()
+        self.name = f"{os.getpid()}-{os.urandom(6).hex()}"
+        self._on_message = on_message
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._peers: list[str] = []
+        self._peers_at = 0.0
+        self._lock = threading.Lock()  # `send` may come from several threads
+        #: Counters: datagrams sent, received, dropped (no room at the peer).
+        self.stats = {"sent": 0, "received": 0, "dropped": 0}
+
+    def _address(self, name: str) -> bytes:
+        return self._prefix + b"-" + name.encode()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def open(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Bind and register; False (and no bus) when that is not possible here."""
+        if not supported():
+            return False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+            sock.bind(self._address(self.name))
+            sock.setblocking(False)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.directory / self.name).touch()
+        except OSError as e:
+            sock.close()
+            log.warning(
+                "no wake-ups between processes sharing %s (%s): they poll",
+                self.directory,
+                e.strerror or e,
+            )
+            return False
+        self._sock = sock
+        self._loop = loop
+        loop.add_reader(sock.fileno(), self._readable)
+        return True
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(sock.fileno())
+        with contextlib.suppress(OSError):
+            (self.directory / self.name).unlink()
+        sock.close()
+
+    # -- sending (any thread) ------------------------------------------------------------
+    def send(self, payloads: list[str]) -> None:
+        sock = self._sock
+        if sock is None or not payloads:
+            return
+        with self._lock:
+            peers = self._current_peers()
+            if not peers:
+                return
+            gone: list[str] = []
+            for peer in peers:
+                address = self._address(peer)
+                for payload in payloads:
+                    try:
+                        sock.sendto(payload.encode(), address)
+                        self.stats["sent"] += 1
+                    except BlockingIOError:
+                        self.stats["dropped"] += 1  # the peer re-checks by itself
+                    except OSError as e:
+                        if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                            gone.append(peer)
+                            break
+                        self.stats["dropped"] += 1
+            for peer in gone:
+                self._forget(peer)
+
+    def _current_peers(self) -> list[str]:
+        now = time.monotonic()
+        if now - self._peers_at >= PEERS_TTL:
+            self._peers_at = now
+            try:
+                names = os.listdir(self.directory)
+            except OSError:
+                names = []
+            self._peers = [n for n in names if n != self.name and not n.startswith(".")]
+        return self._peers
+
+    def _forget(self, peer: str) -> None:
+        """A peer whose socket is gone (its process ended without closing the bus)."""
+        with contextlib.suppress(ValueError):
+            self._peers.remove(peer)
+        with contextlib.suppress(OSError):
+            (self.directory / peer).unlink()
+
+    # -- receiving (the loop) ------------------------------------------------------------
+    def _readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        while True:
+            try:
+                data = sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            self.stats["received"] += 1
+            try:
+                self._on_message(data.decode("utf-8", "replace"))
+            except Exception:  # a waiter's bug must not stop the bus
+                log.exception("a wake-up from another process failed")
