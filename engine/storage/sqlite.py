@@ -87,6 +87,12 @@ from engine.storage.contract import (
 from engine.storage.leases import ExecutorLeases
 from engine.storage.notify import Notifier, ResponseInbox
 from engine.storage.sqlite_cache import SummaryCache, record_unknown_writes
+from engine.storage.sqlite_optimistic import (
+    BufferedConnection,
+    NeedsWriteLock,
+    Write,
+    apply_writes,
+)
 from engine.storage.sqlite_peers import PeerBus
 from engine.storage.write_lock import WriteLock
 from engine.workers.outcome import LogLine
@@ -277,6 +283,9 @@ class _Tx:
     #: The `Commits` transactions (earliest, latest) whose early outcomes the caller
     #: computed with ((0, 0): none): refused when one of them failed.
     depends_on: tuple[int, int] = (0, 0)
+    #: Whether it may run in an optimistic batch (`engine.storage.sqlite_optimistic`):
+    #: the usual writes, whose reads are all of executions they also note or write.
+    optimistic: bool = False
 
 
 @dataclass(slots=True)
@@ -337,6 +346,8 @@ class _Writer:
         #: Set by the storage: tell the other processes sharing the file what a
         #: committed batch changed (`engine.storage.sqlite_peers`).
         self.tell_peers: Callable[[list[_Outcome]], None] | None = None
+        #: Set by the storage: whether other processes write the file now.
+        self.shared: Callable[[], bool] | None = None
         #: Deliveries held back (nothing in them waits), sent with the next one.
         self._later: list[tuple[list[_Tx], list[_Outcome], bool, bool]] = []
         self._later_since = 0.0
@@ -537,8 +548,15 @@ class _Writer:
                     carry = nxt
                     break
                 batch.append(nxt)
-            more = None if stop or carry is not None else functools.partial(self._more, batch)
-            self._commit(conn, batch, more)
+            # Other processes write the file too: compute without the write lock, and
+            # hold it as briefly as possible (no lingering).
+            optimistic = self.shared is not None and self.shared()
+            more = (
+                None
+                if stop or carry is not None or optimistic
+                else functools.partial(self._more, batch)
+            )
+            self._commit(conn, batch, more, optimistic)
             if stop:
                 if self._later:
                     self._flush_later()
@@ -563,10 +581,11 @@ class _Writer:
         conn: sqlite3.Connection,
         batch: list[_Tx],
         more: Callable[[float], _Tx | None] | None = None,
+        optimistic: bool = False,
     ) -> None:
         posted = False
         try:
-            outcomes, wrote, posted = _run_batch_counting(conn, batch, self.early, more)
+            outcomes, wrote, posted = _run_batch_counting(conn, batch, self.early, more, optimistic)
             committed = True
         except Exception as e:  # the connection itself failed
             error = StorageError(f"database write failed: {e}")
@@ -634,6 +653,8 @@ class SqliteStorage:
             await writer.call(lambda c: c.execute("PRAGMA foreign_keys = OFF"))
             await writer.call(lambda c: _migrate(c, str(p)))
             await writer.call(_check_writable)
+            # From now on the writer waits for other writers itself (`_begin_write`).
+            await writer.call(lambda c: c.execute("PRAGMA busy_timeout = 0"))
             reader = await _connect(p)
         except sqlite3.Error as e:
             await writer.stop()
@@ -655,6 +676,7 @@ class SqliteStorage:
         writer.early = _EarlyResponses(storage.notifier)
         if storage.peers.open(asyncio.get_running_loop()):
             writer.tell_peers = storage._tell_peers
+            writer.shared = storage.peers.has_peers
         storage._writer = writer
         return storage
 
@@ -677,14 +699,20 @@ class SqliteStorage:
         await self._reader.close()
 
     # -- group commit -------------------------------------------------------------
-    async def _write(self, fn: Callable[[sqlite3.Connection, _Notes], T], events: int = 0) -> T:
+    async def _write(
+        self,
+        fn: Callable[[sqlite3.Connection, _Notes], T],
+        events: int = 0,
+        *,
+        optimistic: bool = False,
+    ) -> T:
         if self._closed:
             raise StorageError("storage closed")
         writer = self._writer
         if writer is None or not writer.running:
             raise StorageError(f"the writer of database {self.path} is not running")
         fut: asyncio.Future[T] = writer.loop.create_future()
-        if not writer.put(_Tx(fn, fut, events)):
+        if not writer.put(_Tx(fn, fut, events, optimistic=optimistic)):
             raise StorageError("storage closed")
         return await fut
 
@@ -784,7 +812,7 @@ class SqliteStorage:
 
     # -- writes -----------------------------------------------------------------------
     async def create(self, request: CreateRequest, now: datetime) -> None:
-        await self._write(lambda c, n: _create(c, n, request, now))
+        await self._write(lambda c, n: _create(c, n, request, now), optimistic=True)
 
     async def lock_pending(
         self,
@@ -804,7 +832,8 @@ class SqliteStorage:
         return await self._write(
             lambda c, n: _lock_pending(
                 c, n, list(ffqns), batch_size, now, locked, with_log, pinned_digest
-            )
+            ),
+            optimistic=True,
         )
 
     async def append(
@@ -816,7 +845,7 @@ class SqliteStorage:
         extras: AppendExtras | None = None,
     ) -> ExecutionSummary:
         fn = _append_fn(execution_id, expected_version, events, now, extras)
-        return await self._write(fn, len(events))
+        return await self._write(fn, len(events), optimistic=True)
 
     def append_from_thread(
         self,
@@ -833,7 +862,7 @@ class SqliteStorage:
             raise StorageError("storage closed")
         reply = _ThreadReply(early=inbox is not None)
         depends_on = inbox.uncommitted if inbox is not None else (0, 0)
-        if not writer.put(_Tx(fn, None, len(events), reply, execution_id, depends_on)):
+        if not writer.put(_Tx(fn, None, len(events), reply, execution_id, depends_on, True)):
             raise StorageError("storage closed")
         summary: ExecutionSummary = reply.wait()
         if reply.seq and inbox is not None:
@@ -850,7 +879,7 @@ class SqliteStorage:
         callback: Callable[[bool, Any], None],
     ) -> None:
         fn = _append_fn(execution_id, expected_version, events, now, extras)
-        tx = _Tx(fn, None, len(events), _CallbackReply(callback), execution_id)
+        tx = _Tx(fn, None, len(events), _CallbackReply(callback), execution_id, optimistic=True)
         writer = self._writer
         if self._closed or writer is None or not writer.running or not writer.put(tx):
             callback(False, StorageError("storage closed"))
@@ -858,7 +887,9 @@ class SqliteStorage:
     async def append_response(
         self, execution_id: str, response: ev.Response, now: datetime
     ) -> None:
-        await self._write(lambda c, n: _add_response(c, n, execution_id, response, now))
+        await self._write(
+            lambda c, n: _add_response(c, n, execution_id, response, now), optimistic=True
+        )
 
     async def append_upgrade_finished(
         self,
@@ -1440,11 +1471,12 @@ def _run_batch_counting(
     batch: list[_Tx],
     early: _EarlyResponses | None = None,
     more: Callable[[float], _Tx | None] | None = None,
+    optimistic: bool = False,
 ) -> tuple[list[tuple[bool, Any, _Notes]], bool, bool]:
     """`_run_batch`, whether it changed any row, and whether its responses were posted
     before the COMMIT (`early`)."""
     before = conn.total_changes
-    outcomes, posted = _run_batch(conn, batch, early, more)
+    outcomes, posted = _run_batch(conn, batch, early, more, optimistic)
     return outcomes, conn.total_changes != before, posted
 
 
@@ -1453,6 +1485,7 @@ def _run_batch(
     batch: list[_Tx],
     early: _EarlyResponses | None = None,
     more: Callable[[float], _Tx | None] | None = None,
+    optimistic: bool = False,
 ) -> tuple[list[tuple[bool, Any, _Notes]], bool]:
     """Run a batch of logical transactions as one physical transaction; also whether its
     responses were posted early (only on the first, usual path).
@@ -1464,13 +1497,146 @@ def _run_batch(
     of the database only, so running one again is fine; the split retry below relies on
     that too.) A batch of one needs no savepoint at all: its rollback is the whole one.
     `more` (see `_linger`) may add logical transactions to `batch` before the COMMIT.
+    With `optimistic` (other processes write the file) a batch of such transactions is
+    first computed without the write lock (`_run_batch_optimistic`).
     """
+    if optimistic and all(tx.optimistic for tx in batch):
+        outcomes = _run_batch_optimistic(conn, batch, early)
+        counters = getattr(conn, "counters", None)
+        if counters is not None:
+            counters["optimistic" if outcomes is not None else "optimistic_failed"] += 1
+        if outcomes is not None:
+            return outcomes, early is not None and early.complete
     outcomes = _run_batch_plain(conn, batch, early, more)
     if outcomes is not None:
         return outcomes, early is not None and early.complete
     outcomes = _run_batch_savepoints(conn, batch, early)
     _hand_over_direct(outcomes)  # committed (a second hand-over of a lock is a no-op)
     return outcomes, False
+
+
+def _count(conn: sqlite3.Connection, what: str, n: int = 1) -> None:
+    counters = getattr(conn, "counters", None)
+    if counters is not None:
+        counters[what] = counters.get(what, 0) + n
+
+
+def _run_batch_optimistic(
+    conn: sqlite3.Connection, batch: list[_Tx], early: _EarlyResponses | None
+) -> list[tuple[bool, Any, _Notes]] | None:
+    """The batch computed without the write lock, then written under it
+    (`engine.storage.sqlite_optimistic`); None when it must run the usual way (a write
+    failed, a write's result was needed): nothing of it was written then.
+
+    The logical transactions that read what another writer changed meanwhile (and those
+    that share an execution with them) run again under the lock, after the others' writes
+    and each in a savepoint: when two processes lock the same due executions, only
+    their locks are redone, not the whole batch."""
+    cache = _summaries(conn)
+    if cache is None or not cache.enabled:
+        return None
+    computed = _compute_optimistic(conn, cache, batch, early)
+    if computed is None:
+        return None
+    _begin_write(conn)
+    try:
+        changed = cache.catch_up(conn)
+        if changed is None:  # anything may have changed: all again, the usual way
+            _count(conn, "occ_everything")
+            _end(conn, "ROLLBACK")
+            cache.tx.clear()
+            return None
+        stale = _stale(computed, changed)
+        for i in stale:  # their entries are redone below
+            for execution_id in computed[i].touched:
+                cache.tx.pop(execution_id, None)
+        changes_before = conn.total_changes
+        outcomes = [c.outcome for c in computed]
+        for i, c in enumerate(computed):
+            if i not in stale:
+                apply_writes(conn, c.writes)
+        for i in sorted(stale):
+            outcomes[i] = _refused(early, batch[i]) or _in_savepoint(conn, batch[i])
+        _count(conn, "occ_redone", len(stale))
+    except Exception:
+        _count(conn, "occ_write_failed")
+        with contextlib.suppress(sqlite3.Error):
+            _end(conn, "ROLLBACK")
+        cache.tx.clear()
+        return None
+    if early is not None:
+        early.began()
+    return _finish_batch(conn, batch, outcomes, changes_before, early, None)
+
+
+@dataclass(slots=True)
+class _Computed:
+    """Phase 1 of one logical transaction of an optimistic batch."""
+
+    outcome: _Outcome
+    writes: list[Write]
+    #: The executions it read or wrote.
+    touched: set[str]
+
+
+def _compute_optimistic(
+    conn: sqlite3.Connection,
+    cache: SummaryCache,
+    batch: list[_Tx],
+    early: _EarlyResponses | None,
+) -> list[_Computed] | None:
+    """Phase 1: each logical transaction's outcome, the writes to make and what it read
+    or wrote; None when one needs a write's result (the batch runs the usual way)."""
+    try:
+        try:
+            conn.execute("BEGIN")  # deferred: a read snapshot, no write lock
+            cache.began(conn)
+        except sqlite3.Error:  # (busy in a rare WAL state): the usual way
+            return None
+        buffered = BufferedConnection(conn)
+        computed: list[_Computed] = []
+        for tx in batch:
+            if (refusal := _refused(early, tx)) is not None:
+                computed.append(_Computed(refusal, [], set()))  # it writes nothing
+                continue
+            buffered.writes = []
+            touched = cache.touched = set()
+            saved = dict(cache.tx)
+            notes = _Notes()
+            try:
+                value = tx.fn(buffered, notes)  # type: ignore[arg-type]
+            except (NeedsWriteLock, sqlite3.Error):  # the usual way decides
+                _count(conn, "occ_needs_lock")
+                cache.tx.clear()
+                return None
+            except Exception as e:  # its own failure: its writes are dropped, not made
+                cache.tx = saved
+                computed.append(_Computed((False, _translate(e), _Notes()), [], touched))
+                continue
+            computed.append(_Computed((True, value, notes), buffered.writes, touched))
+        return computed
+    finally:
+        cache.touched = None
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("COMMIT")  # the read transaction: nothing was written
+
+
+def _stale(computed: Sequence[_Computed], changed: set[str]) -> set[int]:
+    """The logical transactions that read or wrote an execution in `changed`, and those
+    that share an execution with them (they may have read their writes)."""
+    stale = {i for i, c in enumerate(computed) if not c.touched.isdisjoint(changed)}
+    if not stale:
+        return stale
+    ids = set().union(*(computed[i].touched for i in stale))
+    grew = True
+    while grew:
+        grew = False
+        for i, c in enumerate(computed):
+            if i not in stale and not c.touched.isdisjoint(ids):
+                stale.add(i)
+                ids |= c.touched
+                grew = True
+    return stale
 
 
 def _hand_over_direct(outcomes: Sequence[tuple[bool, Any, _Notes]]) -> None:
@@ -1536,6 +1702,10 @@ def _finish_batch(
 ) -> list[tuple[bool, Any, _Notes]] | None:
     """Everything of `batch` is written (`outcomes`): hand over what waits for it,
     COMMIT. None (after a rollback) when the COMMIT failed."""
+    if more is None:
+        # Named before anything wakes the process's other threads: each statement gives
+        # the GIL up, and getting it back from them can take milliseconds.
+        _record_writes(conn, changes_before)
     # Directly locked children start now: their runs overlap the fsync of the COMMIT
     # that creates them. Should that COMMIT fail, the savepoint retry writes the same
     # locks again (a second hand-over is a no-op) or the runs' outcomes find no such
@@ -1546,7 +1716,7 @@ def _finish_batch(
     try:
         if more is not None:
             _linger(conn, batch, outcomes, early, more)
-        _record_writes(conn, changes_before)
+            _record_writes(conn, changes_before)
         _end(conn, "COMMIT")
     except Exception:
         with contextlib.suppress(sqlite3.Error):
@@ -1892,6 +2062,14 @@ def _lock_pending(
     pinned_digest: str | None = None,
 ) -> list[LockedExecution]:
     rows = _due_rows(conn, ffqns, batch_size, _us(now), pinned_digest)
+    cache = _summaries(conn)
+    if cache is not None and isinstance(conn, BufferedConnection):
+        # An optimistic batch reads the database as it was before the batch: a row an
+        # earlier transaction of the batch wrote is not as read here.
+        if any(row[0] in cache.tx for row in rows):
+            raise NeedsWriteLock("a due execution was written earlier in the batch")
+        for row in rows:
+            cache.touch(row[0])
     created_blobs: dict[str, bytes] = {}
     if rows and not with_log:
         ids = [row[0] for row in rows]
@@ -1907,28 +2085,37 @@ def _lock_pending(
         at = _not_before(now, updated_at)
         s = apply_event(_summary_decoder.decode(summary_blob), locked, at)
         locks.append((execution_id, at, s))
+    # The logs are read before the locks are written (an optimistic batch does not see
+    # its own writes): each gets its `locked` event added here.
+    logs: dict[str, tuple[list[ev.StoredEvent], list[ev.StoredResponse]]] = {}
+    if with_log:
+        for execution_id, at, s in locks:
+            logs[execution_id] = (
+                [
+                    ev.StoredEvent(v, _dt(t), ev.decode_event(b), bt)
+                    for v, t, b, bt in conn.execute(
+                        "SELECT version, created_at, event, backtrace_id FROM events "
+                        "WHERE execution_id = ? ORDER BY version",
+                        (execution_id,),
+                    )
+                ]
+                + [ev.StoredEvent(s.next_version - 1, _dt(_us(at)), locked, None)],
+                [
+                    ev.StoredResponse(c, _dt(t), ev.decode_response(b))
+                    for c, t, b in conn.execute(
+                        "SELECT cursor, created_at, response FROM responses "
+                        "WHERE execution_id = ? ORDER BY cursor",
+                        (execution_id,),
+                    )
+                ],
+            )
     _write_locks(conn, locks, ev.encode(locked))
     result: list[LockedExecution] = []
     for execution_id, _, s in locks:
         stored_events = None
         stored_responses = None
         if with_log:
-            stored_events = [
-                ev.StoredEvent(v, _dt(t), ev.decode_event(b), bt)
-                for v, t, b, bt in conn.execute(
-                    "SELECT version, created_at, event, backtrace_id FROM events "
-                    "WHERE execution_id = ? ORDER BY version",
-                    (execution_id,),
-                )
-            ]
-            stored_responses = [
-                ev.StoredResponse(c, _dt(t), ev.decode_response(b))
-                for c, t, b in conn.execute(
-                    "SELECT cursor, created_at, response FROM responses "
-                    "WHERE execution_id = ? ORDER BY cursor",
-                    (execution_id,),
-                )
-            ]
+            stored_events, stored_responses = logs[execution_id]
             created = stored_events[0].event
         else:
             created = ev.decode_event(created_blobs[execution_id])
@@ -2080,6 +2267,8 @@ class _WriterConnection(sqlite3.Connection):
         self.summaries = SummaryCache(f"{os.getpid()}-{os.urandom(6).hex()}")
         #: Taken before BEGIN IMMEDIATE, let go after COMMIT / ROLLBACK (set at start).
         self.write_lock: WriteLock | None = None
+        #: Batches written optimistically, and those that then ran the usual way.
+        self.counters = {"optimistic": 0, "optimistic_failed": 0}
 
 
 def _summaries(conn: sqlite3.Connection) -> SummaryCache | None:
@@ -2087,28 +2276,63 @@ def _summaries(conn: sqlite3.Connection) -> SummaryCache | None:
 
 
 def _begin(conn: sqlite3.Connection) -> None:
+    _begin_write(conn)
+    cache = _summaries(conn)
+    if cache is not None:
+        cache.began(conn)
+
+
+#: How long a writer retries BEGIN IMMEDIATE while another one holds the database.
+BEGIN_TIMEOUT = 10.0
+
+
+def _begin_write(conn: sqlite3.Connection) -> None:
+    """Take the write lock: the lock file, then SQLite's. The writer's connection has
+    no busy timeout (SQLite's busy handler sleeps a millisecond or more between tries):
+    the previous holder is at most finishing its COMMIT, so retry at once, then back
+    off."""
     lock: WriteLock | None = getattr(conn, "write_lock", None)
     if lock is not None:
         lock.acquire()
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        pause = 0.00005
+        deadline = 0.0
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e):
+                    raise
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + BEGIN_TIMEOUT
+                elif now > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.002)
     except BaseException:
         _release(conn)
         raise
     new = getattr(conn, "new_backtraces", None)
     if new:
         new.clear()
-    cache = _summaries(conn)
-    if cache is not None:
-        cache.began(conn)
+
+
+def _is_busy(e: sqlite3.Error) -> bool:
+    text = str(e)
+    return "locked" in text or "busy" in text
 
 
 def _end(conn: sqlite3.Connection, how: str) -> None:
-    """COMMIT or ROLLBACK the physical transaction, then let the next writer go."""
-    try:
-        conn.execute(how)
-    finally:
-        _release(conn)
+    """COMMIT or ROLLBACK the physical transaction, letting the next writer go.
+
+    The lock file goes first: SQLite lets go of its own lock inside the COMMIT, right
+    after the fsync, without waiting for this thread to get the GIL back (which can
+    take milliseconds while the process's runs take turns). The next writer meanwhile
+    retries its BEGIN (`_begin_write`)."""
+    _release(conn)
+    conn.execute(how)
 
 
 def _release(conn: sqlite3.Connection) -> None:

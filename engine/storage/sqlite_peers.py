@@ -129,6 +129,11 @@ class PeerBus:
             for peer in gone:
                 self._forget(peer)
 
+    def has_peers(self) -> bool:
+        """Whether other processes have the file open (as of at most `PEERS_TTL` ago)."""
+        with self._lock:
+            return bool(self._current_peers())
+
     def _current_peers(self) -> list[str]:
         now = time.monotonic()
         if now - self._peers_at >= PEERS_TTL:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 
 try:
@@ -33,6 +34,9 @@ class WriteLock:
         self.path = path
         self._fd: int | None = None
         self.held = False
+        self._since = 0.0
+        #: Seconds spent waiting for the lock and holding it, and times taken.
+        self.stats = {"waited": 0.0, "held": 0.0, "taken": 0}
         if fcntl is None:
             return
         try:
@@ -42,13 +46,19 @@ class WriteLock:
 
     def acquire(self) -> None:
         if self._fd is not None and not self.held:
+            start = time.perf_counter()
             fcntl.flock(self._fd, fcntl.LOCK_EX)  # releases the GIL while it waits
+            self._since = time.perf_counter()
             self.held = True
+            stats = self.stats
+            stats["waited"] += self._since - start
+            stats["taken"] += 1
 
     def release(self) -> None:
         if self._fd is not None and self.held:
             self.held = False
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+            self.stats["held"] += time.perf_counter() - self._since
 
     def close(self) -> None:
         fd, self._fd = self._fd, None

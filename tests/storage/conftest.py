@@ -44,8 +44,26 @@ async def _open_postgres(tmp_path: Path) -> Storage:
     return await PostgresStorage.open(schema_dsn(_postgres["dsn"], tmp_path))
 
 
+async def _open_sqlite_shared(tmp_path: Path) -> Storage:
+    """SQLite while another process (here: a second storage) has the file open: writes
+    go through optimistic batches (`engine.storage.sqlite_optimistic`), wake-ups over
+    the peer bus (`engine.storage.sqlite_peers`)."""
+    peer = await SqliteStorage.open(tmp_path / "obelisk.sqlite")
+    storage = await SqliteStorage.open(tmp_path / "obelisk.sqlite")
+    assert storage.peers.has_peers()
+    close = storage.close
+
+    async def close_both() -> None:
+        await close()
+        await peer.close()
+
+    storage.close = close_both  # type: ignore[method-assign]
+    return storage
+
+
 BACKENDS: dict[str, Opener] = {
     "sqlite": _open_sqlite,
+    "sqlite-shared": _open_sqlite_shared,
     "postgres": _open_postgres,
 }
 
