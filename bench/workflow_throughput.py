@@ -20,6 +20,8 @@ Scenarios (each after a small warm-up workflow that is not measured):
 
 * `serial` — one workflow, `--steps` sequential calls (`await`): steps/s.
 * `many` — `--workflows` workflows × `--per-workflow` calls, submitted at once: steps/s.
+* `many-shared` — `many` with a second engine process on the same data dir (another
+  process sharing the SQLite file), each process on a CPU of its own (not by default).
 * `fanout` — one workflow with `--children` children in one join set: end-to-end time.
 * `replay` — a `--steps`-step workflow in a child process that is SIGKILLed once most of
   its steps are done; right after the kill a second process starts the engine (its
@@ -209,6 +211,58 @@ async def many(engine: Any, workflows: int, per_workflow: int) -> dict[str, Any]
         "elapsed_s": round(elapsed, 3),
         "steps_per_s": round(steps / elapsed),
     }
+
+
+async def _helper_engine(data_dir: Path) -> None:
+    """`many-shared`'s second process: an engine with executors on the same data dir
+    (another process sharing the SQLite file), until its stdin closes."""
+    from engine.engine import Engine
+
+    engine = await Engine.start(data_dir / "deployment.toml", data_dir / "data", watch=False)
+    try:
+        # Its own warm-up (first instantiations, the workflow's module image).
+        warm = [await engine.submit(SERIAL, [3]) for _ in range(4)]
+        for eid in warm:
+            _ok(await engine.result(eid, 60), 3)
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    finally:
+        await engine.stop()
+
+
+async def many_shared(data_dir: Path, workflows: int, per_workflow: int) -> dict[str, Any]:
+    """`many` with a second engine process on the same SQLite file: this process on the
+    first allowed CPU, the other on the last (each process's threads take turns on one
+    GIL; two processes use two cores)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("many-shared needs two CPUs")
+    write_deployment(data_dir)
+    helper = subprocess.Popen(
+        [sys.executable, "-m", "bench.workflow_throughput", "--_helper", str(data_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpus[-1]}),
+    )
+    try:
+        assert helper.stdout is not None
+        if helper.stdout.readline().strip() != "ready":
+            raise SystemExit("the helper engine did not start")
+        os.sched_setaffinity(0, {cpus[0]})  # this thread, and the engine's threads
+        try:
+            global CPU_AFFINITY
+            saved, CPU_AFFINITY = CPU_AFFINITY, "off"
+            try:
+                return await _measured(data_dir, lambda e: many(e, workflows, per_workflow))
+            finally:
+                CPU_AFFINITY = saved
+        finally:
+            os.sched_setaffinity(0, set(cpus))
+    finally:
+        assert helper.stdin is not None
+        helper.stdin.close()
+        helper.wait(60)
 
 
 async def fanout(engine: Any, children: int) -> dict[str, Any]:
@@ -433,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--_child-first", type=int, help=argparse.SUPPRESS)
     p.add_argument("--_child-restart", help=argparse.SUPPRESS)
+    p.add_argument("--_helper", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     global CPU_AFFINITY
@@ -443,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args._child_restart is not None:
         asyncio.run(_child_restart(args.data_dir, args._child_restart))
+        return 0
+    if args._helper is not None:
+        asyncio.run(_helper_engine(Path(args._helper)))
         return 0
 
     only = set(args.only.split(","))
@@ -483,6 +541,17 @@ def main(argv: list[str] | None = None) -> int:
                     r,
                     _line(
                         f"(b) {args.workflows} x {args.per_workflow} at once (await)",
+                        r,
+                        f"{r['elapsed_s']:.3f} s {r['steps_per_s']:>6} steps/s",
+                    ),
+                )
+            if "many-shared" in only:
+                r = asyncio.run(many_shared(sub("many-shared"), args.workflows, args.per_workflow))
+                record(
+                    "many-shared",
+                    r,
+                    _line(
+                        f"(b2) {args.workflows} x {args.per_workflow}, 2 processes",
                         r,
                         f"{r['elapsed_s']:.3f} s {r['steps_per_s']:>6} steps/s",
                     ),
