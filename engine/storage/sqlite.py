@@ -88,10 +88,12 @@ from engine.storage.leases import ExecutorLeases
 from engine.storage.notify import Notifier, ResponseInbox
 from engine.storage.sqlite_cache import SummaryCache, record_unknown_writes
 from engine.storage.sqlite_optimistic import (
+    UPDATE_SUMMARY,
     BufferedConnection,
     NeedsWriteLock,
     Write,
     apply_writes,
+    update_summaries_sql,
 )
 from engine.storage.sqlite_peers import PeerBus
 from engine.storage.write_lock import WriteLock
@@ -1883,8 +1885,7 @@ def _write_summary(
     state, pending_at, lock_expires_at = _projection(s)
     t = _us(now)
     conn.execute(
-        "UPDATE executions SET state = ?, pending_at = ?, lock_expires_at = ?, next_version = ?, "
-        "updated_at = ?, summary = ? WHERE execution_id = ?",
+        UPDATE_SUMMARY,
         (state, pending_at, lock_expires_at, s.next_version, t, ev.encode(s), execution_id),
     )
     cache = _summaries(conn)
@@ -2041,14 +2042,7 @@ def _write_locks(
             )
             if cache is not None:
                 cache.put(execution_id, s, t)
-        conn.execute(
-            "UPDATE executions SET state = v.column2, pending_at = v.column3, "
-            "lock_expires_at = v.column4, next_version = v.column5, updated_at = v.column6, "
-            "summary = v.column7 FROM (VALUES "
-            + ",".join(["(?,?,?,?,?,?,?)"] * len(chunk))
-            + ") AS v WHERE executions.execution_id = v.column1",
-            values,
-        )
+        conn.execute(update_summaries_sql(len(chunk)), values)
 
 
 def _lock_pending(

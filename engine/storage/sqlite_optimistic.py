@@ -26,6 +26,7 @@ backtrace) cannot be buffered: the batch runs the usual way.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -102,10 +103,115 @@ class BufferedConnection:
         return _WRITE_RESULT
 
 
+#: The summary of one execution (`_write_summary`), and of many (`_write_locks`, and the
+#: coalesced writes below): the same columns, in this order, with the id first.
+UPDATE_SUMMARY = (
+    "UPDATE executions SET state = ?, pending_at = ?, lock_expires_at = ?, next_version = ?, "
+    "updated_at = ?, summary = ? WHERE execution_id = ?"
+)
+_UPDATE_SUMMARIES = (
+    "UPDATE executions SET state = v.column2, pending_at = v.column3, "
+    "lock_expires_at = v.column4, next_version = v.column5, updated_at = v.column6, "
+    "summary = v.column7 FROM (VALUES "
+)
+
+
+def update_summaries_sql(rows: int) -> str:
+    return (
+        _UPDATE_SUMMARIES
+        + ",".join(["(?,?,?,?,?,?,?)"] * rows)
+        + ") AS v WHERE executions.execution_id = v.column1"
+    )
+
+
+_INSERT = re.compile(r"INSERT INTO (\w+) \(([^)]*)\) VALUES\s*((?:\(\?(?:,\?)*\),?)+)\s*$")
+#: Tables whose writes are coalesced; a write of them in any other form keeps the batch
+#: in its own order.
+_COALESCED = ("executions", "events", "responses", "logs")
+#: At most this many parameters per statement (SQLite allows 32766).
+_MAX_PARAMETERS = 30_000
+
+
 def apply_writes(conn: sqlite3.Connection, writes: Sequence[Write]) -> None:
-    """Phase 2: the kept writes, in order (raises as the statement would have)."""
+    """Phase 2: the kept writes (raises as the statements would have).
+
+    Every statement gives the GIL up while SQLite runs it, and gets it back only when
+    the process's other threads let it — while the write lock is held. So the writes
+    of the batch are coalesced: the rows of each table in one statement per 500 or so,
+    the summaries in one `UPDATE … FROM (VALUES …)` (the last one of each execution,
+    after its creation), the rest (delays) in their order. When a write has another
+    form, everything is written as it came."""
+    plan = _coalesce(writes)
+    if plan is None:
+        for sql, parameters, many in writes:
+            if many:
+                conn.executemany(sql, parameters)
+            else:
+                conn.execute(sql, parameters)
+        return
+    inserts, summaries, rest = plan
+    created = inserts.pop(("executions", None), None)
+    if created is not None:
+        _insert_rows(conn, "executions", created)
+    rows = list(summaries.values())
+    step = _MAX_PARAMETERS // 7
+    for i in range(0, len(rows), step):
+        chunk = rows[i : i + step]
+        conn.execute(update_summaries_sql(len(chunk)), [v for row in chunk for v in row])
+    for (table, _), (columns, table_rows) in inserts.items():
+        _insert_rows(conn, table, (columns, table_rows))
+    for sql, parameters in rest:
+        conn.execute(sql, parameters)
+
+
+_Rows = tuple[str, list[Sequence[Any]]]
+
+
+def _coalesce(
+    writes: Sequence[Write],
+) -> tuple[dict[tuple[str, str | None], _Rows], dict[str, tuple[Any, ...]], list[Any]] | None:
+    inserts: dict[tuple[str, str | None], _Rows] = {}
+    summaries: dict[str, tuple[Any, ...]] = {}
+    rest: list[tuple[str, Any]] = []
     for sql, parameters, many in writes:
-        if many:
-            conn.executemany(sql, parameters)
-        else:
-            conn.execute(sql, parameters)
+        if sql == UPDATE_SUMMARY and not many:
+            *values, execution_id = parameters
+            summaries.pop(execution_id, None)  # the last one, at the end
+            summaries[execution_id] = (execution_id, *values)
+            continue
+        if sql.startswith(_UPDATE_SUMMARIES) and not many:
+            for i in range(0, len(parameters), 7):
+                row = tuple(parameters[i : i + 7])
+                summaries.pop(row[0], None)
+                summaries[row[0]] = row
+            continue
+        m = _INSERT.match(sql)
+        if m is not None and m.group(1) in _COALESCED:
+            table, columns = m.group(1), m.group(2)
+            width = columns.count(",") + 1
+            if many:
+                new_rows = [tuple(row) for row in parameters]
+            else:
+                new_rows = [
+                    tuple(parameters[i : i + width]) for i in range(0, len(parameters), width)
+                ]
+            key = (table, None if table == "executions" else columns)
+            inserts.setdefault(key, (columns, []))[1].extend(new_rows)
+            continue
+        if many or any(table in sql for table in _COALESCED):
+            return None  # another form: keep the order
+        rest.append((sql, parameters))
+    return inserts, summaries, rest
+
+
+def _insert_rows(conn: sqlite3.Connection, table: str, rows: _Rows) -> None:
+    columns, values = rows
+    width = columns.count(",") + 1
+    one = "(" + ",".join("?" * width) + ")"
+    step = _MAX_PARAMETERS // width
+    for i in range(0, len(values), step):
+        chunk = values[i : i + step]
+        conn.execute(
+            f"INSERT INTO {table} ({columns}) VALUES " + ",".join([one] * len(chunk)),
+            [v for row in chunk for v in row],
+        )

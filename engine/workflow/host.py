@@ -396,10 +396,12 @@ class ReplayHost:
         self.logs = []
         self._extension_due = False
         self.version = summary.next_version
-        # The inbox was open before this commit: every later response will come to it,
-        # so the database knows more only if it counted more responses than we have.
+        # The inbox was open before this commit: every later response will come to it
+        # (posted, or a poke when another process wrote it: that sets `_stale`), so the
+        # database knows more only then, or if it counted more responses than we have.
+        self._stale = False
         self._pull_inbox()
-        self._stale = summary.responses > self.max_cursor
+        self._stale = self._stale or summary.responses > self.max_cursor
         return summary
 
     def _with_direct_locks(
