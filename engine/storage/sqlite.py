@@ -1554,9 +1554,9 @@ def _run_batch_optimistic(
                 cache.tx.pop(execution_id, None)
         changes_before = conn.total_changes
         outcomes = [c.outcome for c in computed]
-        for i, c in enumerate(computed):
-            if i not in stale:
-                apply_writes(conn, c.writes)
+        # The others' writes, coalesced across the batch (they share no execution with
+        # the stale ones, so these run after them as if they came later).
+        apply_writes(conn, [w for i, c in enumerate(computed) if i not in stale for w in c.writes])
         for i in sorted(stale):
             outcomes[i] = _refused(early, batch[i]) or _in_savepoint(conn, batch[i])
         _count(conn, "occ_redone", len(stale))
