@@ -138,13 +138,14 @@ class RemoteNotes:
         sender first."""
         out: list[str] = []
         current = [sender]
-        size = len(sender)
+        size = len(sender.encode())
         for line in dict.fromkeys(self.lines):  # deduplicated, in order
-            if size + len(line) + 1 > limit and len(current) > 1:
+            length = len(line.encode()) + 1
+            if size + length > limit and len(current) > 1:
                 out.append("\n".join(current))
-                current, size = [sender], len(sender)
+                current, size = [sender], len(sender.encode())
             current.append(line)
-            size += len(line) + 1
+            size += length
         out.append("\n".join(current))
         return out
 

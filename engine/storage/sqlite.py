@@ -466,7 +466,7 @@ class _Writer:
             self._to_loop(_settle, self._connected, False, e)
             self._to_loop(_settle, self.stopped, True, None)
             return
-        conn.write_lock = WriteLock(Path(f"{self.path}-write-lock"))
+        conn.write_lock = WriteLock(Path(f"{os.path.realpath(self.path)}-write-lock"))
         self._to_loop(_settle, self._connected, True, None)
         try:
             self._serve(conn)
@@ -586,6 +586,10 @@ class _Writer:
         optimistic: bool = False,
     ) -> None:
         posted = False
+        if conn.in_transaction:  # left open by a failure nobody ended: it wrote nothing
+            log.error("the writer's connection was left in a transaction: rolled back")
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
         try:
             outcomes, wrote, posted = _run_batch_counting(conn, batch, self.early, more, optimistic)
             committed = True
@@ -1590,11 +1594,11 @@ def _compute_optimistic(
     """Phase 1: each logical transaction's outcome, the writes to make and what it read
     or wrote; None when one needs a write's result (the batch runs the usual way)."""
     try:
-        try:
-            conn.execute("BEGIN")  # deferred: a read snapshot, no write lock
-            cache.began(conn)
-        except sqlite3.Error:  # (busy in a rare WAL state): the usual way
-            return None
+        conn.execute("BEGIN")  # deferred: a read snapshot, no write lock
+    except sqlite3.Error:
+        return None
+    try:
+        cache.began(conn)
         buffered = BufferedConnection(conn)
         computed: list[_Computed] = []
         for tx in batch:
@@ -1603,7 +1607,7 @@ def _compute_optimistic(
                 continue
             buffered.writes = []
             touched = cache.touched = set()
-            saved = dict(cache.tx)
+            undo = cache.undo = []
             notes = _Notes()
             try:
                 value = tx.fn(buffered, notes)  # type: ignore[arg-type]
@@ -1612,13 +1616,17 @@ def _compute_optimistic(
                 cache.tx.clear()
                 return None
             except Exception as e:  # its own failure: its writes are dropped, not made
-                cache.tx = saved
+                cache.revert(undo)
                 computed.append(_Computed((False, _translate(e), _Notes()), [], touched))
                 continue
             computed.append(_Computed((True, value, notes), buffered.writes, touched))
         return computed
+    except sqlite3.Error:  # (busy in a rare WAL state): the usual way
+        cache.tx.clear()
+        return None
     finally:
         cache.touched = None
+        cache.undo = None
         with contextlib.suppress(sqlite3.Error):
             conn.execute("COMMIT")  # the read transaction: nothing was written
 
@@ -1707,7 +1715,12 @@ def _finish_batch(
     if more is None:
         # Named before anything wakes the process's other threads: each statement gives
         # the GIL up, and getting it back from them can take milliseconds.
-        _record_writes(conn, changes_before)
+        try:
+            _record_writes(conn, changes_before)
+        except Exception:
+            with contextlib.suppress(sqlite3.Error):
+                _end(conn, "ROLLBACK")
+            return None
     # Directly locked children start now: their runs overlap the fsync of the COMMIT
     # that creates them. Should that COMMIT fail, the savepoint retry writes the same
     # locks again (a second hand-over is a no-op) or the runs' outcomes find no such
@@ -2273,7 +2286,12 @@ def _begin(conn: sqlite3.Connection) -> None:
     _begin_write(conn)
     cache = _summaries(conn)
     if cache is not None:
-        cache.began(conn)
+        try:
+            cache.began(conn)
+        except BaseException:  # nothing written yet: no transaction may stay open
+            with contextlib.suppress(sqlite3.Error):
+                _end(conn, "ROLLBACK")
+            raise
 
 
 #: How long a writer retries BEGIN IMMEDIATE while another one holds the database.
@@ -2340,8 +2358,16 @@ def _record_unknown(conn: sqlite3.Connection, writer_id: str) -> None:
     (before the first migration there is no table to tell them: nothing to forget)."""
     if conn.in_transaction:
         return  # it left its own transaction open: its owner decides (tests only)
-    with contextlib.suppress(sqlite3.OperationalError):
+    try:
+        _begin_write(conn)
+    except sqlite3.OperationalError:  # before the first migration: nobody to tell
+        return
+    try:
         record_unknown_writes(conn, writer_id)
+        _end(conn, "COMMIT")
+    except sqlite3.Error:
+        with contextlib.suppress(sqlite3.Error):
+            _end(conn, "ROLLBACK")
 
 
 def _record_writes(conn: sqlite3.Connection, changes_before: int) -> None:

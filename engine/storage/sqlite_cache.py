@@ -46,8 +46,12 @@ class SummaryCache:
         self._data_version: int | None = None
         #: The last `row_writes.seq` accounted for (None: not read yet).
         self.last_seen: int | None = None
-        #: While an optimistic batch runs: every execution it read or wrote.
+        #: While an optimistic batch runs: every execution it read or wrote ...
         self.touched: set[str] | None = None
+        #: ... and how to undo the current logical transaction's entries.
+        self.undo: list[tuple[str, tuple[ExecutionSummary, int] | None]] | None = None
+        #: The `row_writes` row of the open transaction (known once it commits).
+        self._recorded: int | None = None
 
     # -- entries -------------------------------------------------------------------------
     def get(self, execution_id: str) -> tuple[ExecutionSummary, int] | None:
@@ -62,7 +66,17 @@ class SummaryCache:
         if self.touched is not None:
             self.touched.add(execution_id)
         if self.enabled:
+            if self.undo is not None:
+                self.undo.append((execution_id, self.tx.get(execution_id)))
             self.tx[execution_id] = (s, updated_us)
+
+    def revert(self, undo: list[tuple[str, tuple[ExecutionSummary, int] | None]]) -> None:
+        """Take back the entries a logical transaction put (it failed)."""
+        for execution_id, previous in reversed(undo):
+            if previous is None:
+                self.tx.pop(execution_id, None)
+            else:
+                self.tx[execution_id] = previous
 
     def touch(self, execution_id: str) -> None:
         """`execution_id` was read from the database (not through `get`)."""
@@ -70,6 +84,11 @@ class SummaryCache:
             self.touched.add(execution_id)
 
     def commit(self) -> None:
+        """The transaction committed: its entries are known to be in the database."""
+        if self._recorded is not None:
+            # Its `row_writes` row is ours, and nothing came in between (the write lock
+            # was held). Not before the COMMIT: a rolled-back row's number is reused.
+            self.last_seen, self._recorded = self._recorded, None
         committed = self.committed
         for execution_id, entry in self.tx.items():
             committed.pop(execution_id, None)  # to the end: the oldest go first
@@ -89,6 +108,7 @@ class SummaryCache:
         """In a new transaction (read or write): forget what other connections wrote
         since the last time. Returns the executions they wrote (None: anything)."""
         self.tx.clear()
+        self._recorded = None
         return self.catch_up(conn)
 
     def catch_up(self, conn: sqlite3.Connection) -> set[str] | None:
@@ -131,8 +151,7 @@ class SummaryCache:
         """Before the COMMIT of a transaction that changed something: its `row_writes`
         row (which executions it wrote, or everything when not known one by one)."""
         ids = "\n".join(self.tx) if self.enabled else EVERYTHING
-        seq = _insert_row_writes(conn, self.writer_id, ids)
-        self.last_seen = seq  # the write lock is held: nothing came in between
+        self._recorded = _insert_row_writes(conn, self.writer_id, ids)
 
 
 def record_unknown_writes(conn: sqlite3.Connection, writer_id: str) -> None:

@@ -64,7 +64,14 @@ Write = tuple[str, Any, bool]
 
 
 def is_read(sql: str) -> bool:
-    return sql.lstrip()[:6].upper() == "SELECT"
+    """SELECT: a read; INSERT, UPDATE, DELETE: a write to keep; anything else cannot be
+    told apart here (NeedsWriteLock: the batch runs the usual way)."""
+    verb = sql.lstrip()[:6].upper()
+    if verb == "SELECT":
+        return True
+    if verb in ("INSERT", "UPDATE", "DELETE"):
+        return False
+    raise NeedsWriteLock(f"statement not known as a read or a write: {sql[:40]!r}")
 
 
 class BufferedConnection:

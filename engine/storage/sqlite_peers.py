@@ -50,8 +50,8 @@ class PeerBus:
     on the event loop with each payload another peer sent."""
 
     def __init__(self, database: Path, on_message: Callable[[str], None]) -> None:
-        self.directory = Path(f"{database}-peers")
-        real = os.path.realpath(database)
+        real = os.path.realpath(database)  # one name however the file was opened
+        self.directory = Path(f"{real}-peers")
         self._prefix = b"\0obelisk-" + hashlib.sha256(real.encode()).hexdigest()[:20].encode()
         self.name = f"{os.getpid()}-{os.urandom(6).hex()}"
         self._on_message = on_message

@@ -9,7 +9,8 @@ first), so a writer that does not take it — an older tool, a migration at star
 still safe, only not as fast.
 
 One `WriteLock` belongs to one writer connection (one thread); it is not re-entrant
-across threads. Without `fcntl` (not Linux/Unix) or when the file cannot be opened, it
+across threads. The file is named after the database's real path, so that processes
+that open it by different paths (a symbolic link) queue together. Without `fcntl` (not Linux/Unix) or when the file cannot be opened, it
 does nothing and SQLite's busy handler does the waiting as before.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
 
@@ -44,15 +46,32 @@ class WriteLock:
         except OSError as e:
             log.warning("cannot use the write lock file %s (%s): writers wait in SQLite", path, e)
 
-    def acquire(self) -> None:
-        if self._fd is not None and not self.held:
-            start = time.perf_counter()
-            fcntl.flock(self._fd, fcntl.LOCK_EX)  # releases the GIL while it waits
-            self._since = time.perf_counter()
-            self.held = True
-            stats = self.stats
-            stats["waited"] += self._since - start
-            stats["taken"] += 1
+    def acquire(self, timeout: float = 10.0) -> None:
+        """Wait up to `timeout` seconds (as SQLite's busy timeout would), retrying at
+        once and then every half millisecond at most: a blocking `flock` cannot be given
+        up, and a holder that is stopped (a debugger, SIGSTOP) must not hang this writer
+        for good. Raises sqlite3.OperationalError ("database is locked") after that."""
+        if self._fd is None or self.held:
+            return
+        start = time.perf_counter()
+        pause = 0.00005
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.perf_counter() - start > timeout:
+                    raise sqlite3.OperationalError(
+                        f"database is locked: another writer has held {self.path} "
+                        f"for over {timeout:g} s"
+                    ) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.0005)
+        self._since = time.perf_counter()
+        self.held = True
+        stats = self.stats
+        stats["waited"] += self._since - start
+        stats["taken"] += 1
 
     def release(self) -> None:
         if self._fd is not None and self.held:
