@@ -60,6 +60,21 @@ def configure(mode: Mode) -> bool:
     return True
 
 
+def configure_one(cpus: set[int]) -> bool:
+    """This process on `cpus` only (one of several engine processes, each on a CPU of
+    its own: `engine.processes`): the calling thread now, threads started from it
+    later. "off" gives the CPUs back. True when placed."""
+    global _original
+    with _lock:
+        allowed = _original if _original is not None else _allowed()
+        if allowed is None:
+            return False
+        _original = allowed
+        _cpus.clear()
+    _set(cpus)
+    return True
+
+
 def pin(role: Role) -> None:
     """Place the calling thread for `role` (a no-op unless configured)."""
     cpus = _cpus.get(role)

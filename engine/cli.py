@@ -247,6 +247,22 @@ def _parse_json_arg(text: str, what: str) -> Any:
     return value
 
 
+def _processes(text: str) -> int:
+    """`--processes`: a count from 1, or auto (the CPUs this process may use)."""
+    if text == "auto":
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            return max(1, os.cpu_count() or 1)
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or auto: {text!r}") from None
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 64, not {n}")
+    return n
+
+
 def cmd_server_run(args: argparse.Namespace) -> int:
     from engine.server.run import run_server
 
@@ -258,6 +274,7 @@ def cmd_server_run(args: argparse.Namespace) -> int:
         database_url=args.database_url,
         config=args.config,
         cpu_affinity=args.cpu_affinity,
+        processes=args.processes,
     )
 
 
@@ -607,6 +624,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="split (default): the threads that take turns on the GIL on one "
         "CPU, the SQLite writer and activity runs on the others; off: "
         "leave placement to the OS",
+    )
+    run.add_argument(
+        "--processes",
+        type=_processes,
+        default=1,
+        metavar="N|auto",
+        help="engine processes sharing the work (default 1; auto: one per CPU): one "
+        "Python process computes on one CPU at a time, so more use more CPUs",
     )
     run.set_defaults(handler=cmd_server_run)
     verify = server_sub.add_parser(

@@ -21,6 +21,8 @@ from engine.core.ids import DelayId, ExecutionId, IdError, new_deployment_id
 from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
 from engine.executor import ActivityExecutor, BaseExecutor, TimersWatcher
+from engine.processes import Helpers
+from engine.processes import cpus_for as processes_cpus
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
 from engine.storage.contract import (
     CreateRequest,
@@ -74,6 +76,8 @@ class Engine:
         #: Hot reload of the deployment and workflow upgrades (SPEC §9.3).
         self.reloader = ReloadManager(self, registry.deployment.path)
         self.canceller = CancellationDriver(storage, clock)
+        #: The other engine processes (`Engine.start(processes=N)`).
+        self.helpers: Helpers | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     @classmethod
@@ -88,6 +92,7 @@ class Engine:
         watch: bool = True,
         database_url: str | None = None,
         cpu_affinity: affinity.Mode = "off",
+        processes: int = 1,
     ) -> Engine:
         """Load the deployment, open the database, start executors and the watcher.
 
@@ -98,11 +103,16 @@ class Engine:
         With `watch`, the deployment TOML and its component files are watched and
         reloaded on change (`engine.reload`). `cpu_affinity="split"` places this
         process's threads (`engine.affinity`: process-wide, for the process's owner).
+        `processes` > 1 starts that many engine processes in all (`engine.processes`):
+        this one and helpers on the same database, each on a CPU of its own (then
+        `cpu_affinity` "split" places this process on its CPU instead).
         Raises DeploymentError / StorageError with a message naming the culprit; nothing
         is started when anything fails.
         """
         from engine.workers.wasm_activity import WasmEngine
 
+        if processes < 1:
+            raise ValueError(f"processes must be at least 1, not {processes}")
         data = Path(data_dir)
         deployment = load_deployment(deployment_path)
         try:  # the compiled cache (and the SQLite database) live there
@@ -112,7 +122,11 @@ class Engine:
         wasm_engine = WasmEngine()
         registry = await load_registry(deployment, wasm_engine, data / "cache")
         # After compiling (its threads keep every CPU), before the storage's writer.
-        split = affinity.configure(cpu_affinity)
+        cpus = processes_cpus(processes) if processes > 1 else None
+        if cpus is not None and cpu_affinity == "split":
+            split = affinity.configure_one(cpus[0])
+        else:
+            split = affinity.configure(cpu_affinity)
         storage: Storage
         try:
             if database_url:
@@ -143,6 +157,20 @@ class Engine:
             engine.watcher.start()
             engine.canceller.start()
         await engine.reloader.start(watch=watch)
+        if processes > 1:
+            # Once this one has opened (and migrated) the database.
+            engine.helpers = Helpers(
+                Path(deployment_path).resolve(),
+                data.resolve(),
+                cpus if split else None,
+                processes - 1,
+                database_url,
+            )
+            try:
+                await engine.helpers.start()
+            except BaseException:
+                await engine.stop()
+                raise
         return engine
 
     @property
@@ -191,6 +219,9 @@ class Engine:
                 self.executors.append(executor)
 
     async def stop(self) -> None:
+        if self.helpers is not None:
+            await self.helpers.stop()  # first: they release what they hold
+            self.helpers = None
         await self.reloader.stop()
         await self.watcher.stop()
         await self.canceller.stop()

@@ -29,6 +29,7 @@ from engine.deployment import deployment_problem
 from engine.engine import Engine
 from engine.errors import DeploymentError, StorageError
 from engine.gc_tuning import tune_gc
+from engine.processes import HelperError
 from engine.server.api import make_app
 from engine.server.config import ConfigError, DatabaseChoice, choose_database
 
@@ -103,6 +104,7 @@ async def start_server(
     token: str | None,
     database_url: str | None = None,
     cpu_affinity: affinity.Mode = "off",
+    processes: int = 1,
 ) -> RunningServer:
     """Start the engine, then the API on host:port (port 0: any free port).
 
@@ -117,7 +119,11 @@ async def start_server(
         raise CannotListen(host, port, e) from e
     try:
         engine = await Engine.start(
-            deployment, data_dir, database_url=database_url, cpu_affinity=cpu_affinity
+            deployment,
+            data_dir,
+            database_url=database_url,
+            cpu_affinity=cpu_affinity,
+            processes=processes,
         )
     except BaseException:
         for sock in socks:
@@ -205,15 +211,16 @@ async def _serve(
     out: TextIO,
     database: DatabaseChoice,
     cpu_affinity: affinity.Mode,
+    processes: int = 1,
 ) -> int:
     first = not any((data_dir / "cache").glob("*.cwasm"))  # nothing compiled yet
     note = " (the first start compiles components)" if first else ""
     print(f"Starting the engine: {deployment}{note}…", file=out, flush=True)
     try:
         server = await start_server(
-            deployment, data_dir, host, port, token, database.url, cpu_affinity
+            deployment, data_dir, host, port, token, database.url, cpu_affinity, processes
         )
-    except (DeploymentError, StorageError, CannotListen) as e:
+    except (DeploymentError, StorageError, CannotListen, HelperError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # anything else the system refused at start: say what and where
@@ -252,9 +259,11 @@ def run_server(
     environ: dict[str, str] | None = None,
     out: TextIO | None = None,
     cpu_affinity: affinity.Mode = "split",
+    processes: int = 1,
 ) -> int:
     """Run until SIGINT/SIGTERM; returns the process exit code. The process is the
-    server's: its threads are placed (`engine.affinity`) unless `cpu_affinity="off"`."""
+    server's: its threads are placed (`engine.affinity`) unless `cpu_affinity="off"`.
+    `processes` > 1: that many engine processes on the database (`engine.processes`)."""
     out = out or sys.stdout
     env = os.environ if environ is None else environ
     try:
@@ -295,7 +304,17 @@ def run_server(
     try:
         tune_gc()  # this process is the server's: fewer collector passes
         return asyncio.run(
-            _serve(Path(deployment), Path(data_dir), host, port, token, out, database, cpu_affinity)
+            _serve(
+                Path(deployment),
+                Path(data_dir),
+                host,
+                port,
+                token,
+                out,
+                database,
+                cpu_affinity,
+                processes,
+            )
         )
     except KeyboardInterrupt:  # a signal before the handlers were installed
         print("interrupted during start-up", file=sys.stderr)

@@ -1,9 +1,9 @@
 """Two `obelisk server run` processes on one data dir (one SQLite file): every execution is
 run to `finished` exactly once, and both engines do part of the work.
 
-In-process notifications do not cross processes, so each executor also finds the other
-server's submissions on its tick (`exec.tick_sleep`, small here). Run with `-s` to see the
-split between the two executors.
+Each server wakes the other after its commits (`engine.storage.sqlite_peers`); the
+executors' ticks (`exec.tick_sleep`, small here) are the safety net. Run with `-s` to see
+the split between the two executors.
 """
 
 from __future__ import annotations

@@ -465,6 +465,12 @@ def test_usage_errors(cli: Cli) -> None:
     assert "invalid choice: 'both'" in cli.fails(
         2, "server", "run", "--deployment", "d.toml", "--cpu-affinity", "both"
     )
+    assert "--processes: must be from 1 to 64, not 0" in cli.fails(
+        2, "server", "run", "--deployment", "d.toml", "--processes", "0"
+    )
+    assert "--processes: not a number or auto: 'many'" in cli.fails(
+        2, "server", "run", "--deployment", "d.toml", "--processes", "many"
+    )
 
 
 def test_help(cli: Cli) -> None:

@@ -1,0 +1,221 @@
+"""More engine processes on the same SQLite file: `Engine.start(processes=N)`.
+
+One Python process runs its Python code on one CPU at a time (the GIL), so an engine
+uses a second CPU through a second process. With `processes=N`, the engine starts N − 1
+*helper* processes (`python -m engine.processes`), each a full engine on the same data
+dir — executors, timers watcher, cancellation driver, hot reload — without an API; the
+starting process (the server's, the console's) is the first. Each process is placed on
+a CPU of its own. They share the work the way any processes sharing a SQLite file do
+(`engine.storage.sqlite_peers`, the README's "Several processes on one SQLite file").
+
+- A helper stops when its stdin closes: when the engine stops, and when the starting
+  process dies however it dies (the pipe closes with it), so no helper outlives it.
+- A helper that dies is started again (after 1 s, then up to 30 s between tries); what
+  it held is released at once through its executors' leases, as after any crash.
+- A helper that cannot start (the deployment, the data dir) fails `Engine.start`, with
+  what the helper said.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from engine.errors import EngineError
+
+log = logging.getLogger("obelisk.processes")
+
+#: How long a helper may take to start (it compiles nothing the first process has not:
+#: the compiled cache is shared).
+START_TIMEOUT = 120.0
+#: How long a stopping helper gets before it is killed.
+STOP_TIMEOUT = 15.0
+#: The database URL of a helper (PostgreSQL; empty: SQLite in the data dir).
+_DATABASE_ENV = "OBELISK_HELPER_DATABASE_URL"
+
+
+class HelperError(EngineError):
+    """A helper process could not start; the message is what it said."""
+
+
+def cpus_for(count: int) -> list[set[int]] | None:
+    """The CPU of each of `count` processes (the first is the calling one), or None
+    when CPUs cannot be placed here (not Linux)."""
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return [{allowed[i % len(allowed)]} for i in range(count)]
+
+
+class Helpers:
+    """The helper processes of one engine."""
+
+    def __init__(
+        self,
+        deployment: Path,
+        data_dir: Path,
+        cpus: list[set[int]] | None,
+        count: int,
+        database_url: str | None = None,
+    ) -> None:
+        self.deployment = deployment
+        self.data_dir = data_dir
+        self.cpus = cpus
+        self.count = count
+        #: Passed in the environment, not on the command line (it may hold a password).
+        self.database_url = database_url
+        self.procs: list[asyncio.subprocess.Process | None] = [None] * count
+        self._stopping = False
+        self._watchers: list[asyncio.Task[None]] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p is not None and p.returncode is None]
+
+    async def start(self) -> None:
+        """Start every helper and wait until each has its engine up."""
+        try:
+            await asyncio.gather(*(self._spawn(i) for i in range(self.count)))
+        except BaseException:
+            await self.stop()
+            raise
+        self._watchers = [
+            asyncio.create_task(self._watch(i), name=f"engine helper {i + 1}")
+            for i in range(self.count)
+        ]
+
+    async def _spawn(self, index: int) -> None:
+        cpus = self.cpus[index + 1] if self.cpus else None
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "engine.processes",
+            "--deployment",
+            str(self.deployment),
+            "--data-dir",
+            str(self.data_dir),
+            *(["--cpus", ",".join(map(str, sorted(cpus)))] if cpus else []),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=None,  # its log lines go where this process's go
+            env={**os.environ, _DATABASE_ENV: self.database_url or ""},
+        )
+        self.procs[index] = proc
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT)
+        except TimeoutError:
+            proc.kill()
+            raise HelperError(
+                f"engine helper {index + 1} did not start in {START_TIMEOUT:g} s"
+            ) from None
+        text = line.decode(errors="replace").strip()
+        if text != "ready":
+            await proc.wait()
+            raise HelperError(
+                f"engine helper {index + 1} could not start: {text.removeprefix('error: ')}"
+                if text
+                else f"engine helper {index + 1} exited with {proc.returncode}"
+            )
+
+    async def _watch(self, index: int) -> None:
+        delay = 1.0
+        while not self._stopping:
+            proc = self.procs[index]
+            if proc is None:
+                return
+            code = await proc.wait()
+            if self._stopping:
+                return
+            log.warning(
+                "engine helper %d (pid %d) exited with %s: starting it again in %g s",
+                index + 1,
+                proc.pid,
+                code,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            if self._stopping:
+                return
+            try:
+                await self._spawn(index)
+                delay = 1.0
+            except (HelperError, OSError) as e:
+                log.error("%s", e)
+                delay = min(delay * 2, 30.0)
+
+    async def stop(self) -> None:
+        """Ask each helper to stop (its stdin closes), then wait; kill the late ones."""
+        self._stopping = True
+        for task in self._watchers:
+            task.cancel()
+        for task in self._watchers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        procs = [p for p in self.procs if p is not None and p.returncode is None]
+        for proc in procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+            except TimeoutError:
+                log.warning("engine helper (pid %d) did not stop: killed", proc.pid)
+                proc.kill()
+                await proc.wait()
+
+
+# -- the helper process --------------------------------------------------------------------
+
+
+async def _helper(deployment: Path, data_dir: Path) -> int:
+    from engine.engine import Engine
+    from engine.errors import DeploymentError
+    from engine.storage.contract import StorageError
+
+    try:
+        engine = await Engine.start(
+            deployment, data_dir, database_url=os.environ.get(_DATABASE_ENV) or None
+        )
+    except (DeploymentError, StorageError, OSError) as e:
+        print(f"error: {e}", flush=True)
+        return 1
+    try:
+        print("ready", flush=True)
+        # Until the starting process closes our stdin, or dies.
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
+    finally:
+        await engine.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="an engine helper process (see engine.processes)")
+    p.add_argument("--deployment", type=Path, required=True)
+    p.add_argument("--data-dir", type=Path, required=True)
+    p.add_argument("--cpus", help="the CPUs to run on, comma-separated")
+    args = p.parse_args(argv)
+    if args.cpus:
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    # The starting process handles Ctrl-C and stops us through stdin.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s %(name)s [helper {os.getpid()}]: %(message)s",
+    )
+    from engine.gc_tuning import tune_gc
+
+    tune_gc()
+    return asyncio.run(_helper(args.deployment, args.data_dir))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""`Engine.start(processes=N)` (`engine.processes`): helper engine processes on the same
+data dir, each on a CPU of its own, started again when they die, stopped with the engine.
+Real processes: marked slow."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from engine.core import events as ev
+from engine.engine import Engine
+from engine.processes import HelperError, Helpers
+from tests.engine.test_workflow_semantics import (
+    ACTIVITIES,
+    STEP_JS,
+    checked_log,
+    wait_until,
+    workflow,
+)
+
+pytestmark = pytest.mark.slow
+
+SERIAL_JS = """
+import { step } from "myapp:demo/activity";
+export default function serial(n) {
+  let acc = 0;
+  for (let i = 0; i < n; i++) {
+    acc += step(i, 0);
+  }
+  return String(acc);
+}
+"""
+SERIAL = "myapp:demo/workflow.serial"
+
+
+def _deployment(tmp_path: Path) -> Path:
+    (tmp_path / "step.js").write_text(textwrap.dedent(STEP_JS))
+    (tmp_path / "serial.js").write_text(textwrap.dedent(SERIAL_JS))
+    deployment = tmp_path / "deployment.toml"
+    deployment.write_text(
+        textwrap.dedent(ACTIVITIES + workflow("serial", params='[{ name = "n", type = "u32" }]'))
+    )
+    return deployment
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_two_processes_share_the_work_and_stop_together(tmp_path: Path) -> None:
+    placed = hasattr(os, "sched_getaffinity")
+    before = os.sched_getaffinity(0) if placed else set()
+    engine = await Engine.start(
+        _deployment(tmp_path), tmp_path / "data", processes=2, cpu_affinity="split"
+    )
+    try:
+        assert engine.helpers is not None
+        [pid] = engine.helpers.pids
+        if placed and len(before) >= 2:  # one CPU each
+            assert os.sched_getaffinity(pid).isdisjoint(os.sched_getaffinity(0))
+        ids = await asyncio.gather(*(engine.submit(SERIAL, [4]) for _ in range(40)))
+        results = await asyncio.gather(*(engine.result(eid, 60) for eid in ids))
+        assert results == [ev.ResultOk("6")] * 40
+        ours = {e.executor_id for e in engine.executors}
+        lockers = set()
+        for eid in ids:
+            for stored in await checked_log(engine, eid):
+                if isinstance(stored.event, ev.Locked):
+                    lockers.add(stored.event.executor_id)
+        assert lockers - ours, "the helper ran none of the workflows"
+    finally:
+        await engine.stop()
+    await wait_until(lambda: _false_if_alive(pid), 20, "the helper to exit")
+    if placed:
+        assert os.sched_getaffinity(0) == before  # given back at the stop
+
+
+async def _false_if_alive(pid: int) -> bool:
+    return not _alive(pid)
+
+
+async def test_a_helper_that_dies_is_started_again(tmp_path: Path) -> None:
+    engine = await Engine.start(_deployment(tmp_path), tmp_path / "data", processes=2)
+    try:
+        assert engine.helpers is not None
+        [first] = engine.helpers.pids
+        os.kill(first, signal.SIGKILL)
+
+        async def replaced() -> bool:
+            assert engine.helpers is not None
+            pids = engine.helpers.pids
+            return bool(pids) and pids != [first]
+
+        await wait_until(replaced, 60, "a new helper")
+        eid = await engine.submit(SERIAL, [3])
+        assert await engine.result(eid, 60) == ev.ResultOk("3")
+    finally:
+        await engine.stop()
+
+
+async def test_a_helper_that_cannot_start_says_why(tmp_path: Path) -> None:
+    helpers = Helpers(tmp_path / "missing.toml", tmp_path / "data", None, 1)
+    with pytest.raises(HelperError, match=r"engine helper 1 could not start: .*missing\.toml"):
+        await helpers.start()
+    assert helpers.pids == []
