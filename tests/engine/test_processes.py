@@ -22,6 +22,7 @@ from tests.engine.test_workflow_semantics import (
     wait_until,
     workflow,
 )
+from tests.pg_cluster import drop_schema, schema_dsn
 
 pytestmark = pytest.mark.slow
 
@@ -112,3 +113,28 @@ async def test_a_helper_that_cannot_start_says_why(tmp_path: Path) -> None:
     with pytest.raises(HelperError, match=r"engine helper 1 could not start: .*missing\.toml"):
         await helpers.start()
     assert helpers.pids == []
+
+
+async def test_helpers_share_a_postgresql_database(tmp_path: Path, postgres_dsn: str) -> None:
+    """With PostgreSQL the helpers get the database's URL (in their environment)."""
+    url = schema_dsn(postgres_dsn, tmp_path)
+    try:
+        engine = await Engine.start(
+            _deployment(tmp_path), tmp_path / "data", database_url=url, processes=2
+        )
+        try:
+            ids = await asyncio.gather(*(engine.submit(SERIAL, [4]) for _ in range(30)))
+            results = await asyncio.gather(*(engine.result(eid, 60) for eid in ids))
+            assert results == [ev.ResultOk("6")] * 30
+            ours = {e.executor_id for e in engine.executors}
+            lockers = {
+                stored.event.executor_id
+                for eid in ids
+                for stored in await engine.storage.get_events(eid)
+                if isinstance(stored.event, ev.Locked)
+            }
+            assert lockers - ours, "the helper ran none of the workflows"
+        finally:
+            await engine.stop()
+    finally:
+        await asyncio.to_thread(drop_schema, postgres_dsn, tmp_path)
