@@ -20,8 +20,8 @@ Scenarios (each after a small warm-up workflow that is not measured):
 
 * `serial` — one workflow, `--steps` sequential calls (`await`): steps/s.
 * `many` — `--workflows` workflows × `--per-workflow` calls, submitted at once: steps/s.
-* `many-shared` — `many` with a second engine process on the same data dir (another
-  process sharing the SQLite file), each process on a CPU of its own (not by default).
+* `many-shared` — `many` on an engine of two processes (`Engine.start(processes=2)`: a
+  helper engine on the same SQLite file), each on a CPU of its own (not by default).
 * `fanout` — one workflow with `--children` children in one join set: end-to-end time.
 * `replay` — a `--steps`-step workflow in a child process that is SIGKILLed once most of
   its steps are done; right after the kill a second process starts the engine (its
@@ -146,19 +146,27 @@ def _ok(result: Any, expected: Any) -> None:
 
 
 async def _measured(
-    data_dir: Path, body: Callable[[Any], Awaitable[dict[str, Any]]]
+    data_dir: Path,
+    body: Callable[[Any], Awaitable[dict[str, Any]]],
+    *,
+    processes: int = 1,
+    warm_up: int = 1,
 ) -> dict[str, Any]:
-    """Start an engine on a fresh data dir, warm up, run `body`, add storage stats."""
+    """Start an engine on a fresh data dir, warm up, run `body`, add storage stats.
+    `warm_up` serial workflows at once (several: every process of the engine gets some)."""
     from engine.engine import Engine
 
     deployment = write_deployment(data_dir)
     t_start = time.perf_counter()
-    engine = await Engine.start(deployment, data_dir / "data", cpu_affinity=CPU_AFFINITY)
+    engine = await Engine.start(
+        deployment, data_dir / "data", cpu_affinity=CPU_AFFINITY, processes=processes
+    )
     startup = time.perf_counter() - t_start
     try:
         # Warm-up (not measured): first instantiations, first commits.
-        warm = [await engine.submit(SERIAL, [3]), await engine.submit(FANOUT, [3])]
-        for eid, expected in zip(warm, (3, 6), strict=True):
+        warm = await asyncio.gather(*(engine.submit(SERIAL, [3]) for _ in range(warm_up)))
+        warm.append(await engine.submit(FANOUT, [3]))
+        for eid, expected in zip(warm, [3] * warm_up + [6], strict=True):
             _ok(await engine.result(eid, 60), expected)
         stats = engine.storage.stats
         before = dict(stats)
@@ -213,56 +221,19 @@ async def many(engine: Any, workflows: int, per_workflow: int) -> dict[str, Any]
     }
 
 
-async def _helper_engine(data_dir: Path) -> None:
-    """`many-shared`'s second process: an engine with executors on the same data dir
-    (another process sharing the SQLite file), until its stdin closes."""
-    from engine.engine import Engine
-
-    engine = await Engine.start(data_dir / "deployment.toml", data_dir / "data", watch=False)
-    try:
-        # Its own warm-up (first instantiations, the workflow's module image).
-        warm = [await engine.submit(SERIAL, [3]) for _ in range(4)]
-        for eid in warm:
-            _ok(await engine.result(eid, 60), 3)
-        print("ready", flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    finally:
-        await engine.stop()
-
-
 async def many_shared(data_dir: Path, workflows: int, per_workflow: int) -> dict[str, Any]:
-    """`many` with a second engine process on the same SQLite file: this process on the
-    first allowed CPU, the other on the last (each process's threads take turns on one
-    GIL; two processes use two cores)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
+    """`many` on an engine of two processes (`Engine.start(processes=2)`: a helper engine
+    on the same SQLite file), each on a CPU of its own."""
+    if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("many-shared needs two CPUs")
-    write_deployment(data_dir)
-    helper = subprocess.Popen(
-        [sys.executable, "-m", "bench.workflow_throughput", "--_helper", str(data_dir)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, {cpus[-1]}),
-    )
+    global CPU_AFFINITY
+    saved, CPU_AFFINITY = CPU_AFFINITY, "split"  # one CPU per process
     try:
-        assert helper.stdout is not None
-        if helper.stdout.readline().strip() != "ready":
-            raise SystemExit("the helper engine did not start")
-        os.sched_setaffinity(0, {cpus[0]})  # this thread, and the engine's threads
-        try:
-            global CPU_AFFINITY
-            saved, CPU_AFFINITY = CPU_AFFINITY, "off"
-            try:
-                return await _measured(data_dir, lambda e: many(e, workflows, per_workflow))
-            finally:
-                CPU_AFFINITY = saved
-        finally:
-            os.sched_setaffinity(0, set(cpus))
+        return await _measured(
+            data_dir, lambda e: many(e, workflows, per_workflow), processes=2, warm_up=20
+        )
     finally:
-        assert helper.stdin is not None
-        helper.stdin.close()
-        helper.wait(60)
+        CPU_AFFINITY = saved
 
 
 async def fanout(engine: Any, children: int) -> dict[str, Any]:
@@ -487,7 +458,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--_child-first", type=int, help=argparse.SUPPRESS)
     p.add_argument("--_child-restart", help=argparse.SUPPRESS)
-    p.add_argument("--_helper", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     global CPU_AFFINITY
@@ -498,9 +468,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args._child_restart is not None:
         asyncio.run(_child_restart(args.data_dir, args._child_restart))
-        return 0
-    if args._helper is not None:
-        asyncio.run(_helper_engine(Path(args._helper)))
         return 0
 
     only = set(args.only.split(","))

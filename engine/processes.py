@@ -102,6 +102,9 @@ class Helpers:
             "--data-dir",
             str(self.data_dir),
             *(["--cpus", ",".join(map(str, sorted(cpus)))] if cpus else []),
+            # Its log lines at the level of this process's.
+            "--log-level",
+            logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=None,  # its log lines go where this process's go
@@ -201,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deployment", type=Path, required=True)
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--cpus", help="the CPUs to run on, comma-separated")
+    p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     if args.cpus:
         with contextlib.suppress(OSError, AttributeError):
@@ -208,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     # The starting process handles Ctrl-C and stops us through stdin.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
-        level=logging.INFO,
+        level=args.log_level,
         format=f"%(asctime)s %(levelname)s %(name)s [helper {os.getpid()}]: %(message)s",
     )
     from engine.gc_tuning import tune_gc

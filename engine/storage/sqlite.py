@@ -782,6 +782,8 @@ class SqliteStorage:
     # -- other processes sharing the file ----------------------------------------------
     def _tell_peers(self, outcomes: list[_Outcome]) -> None:
         """On the writer thread, after a COMMIT: what it changed, to the other processes."""
+        if not self.peers.has_peers():
+            return
         payload = RemoteNotes()
         for ok, _, notes in outcomes:
             if ok:
@@ -1508,9 +1510,7 @@ def _run_batch(
     """
     if optimistic and all(tx.optimistic for tx in batch):
         outcomes = _run_batch_optimistic(conn, batch, early)
-        counters = getattr(conn, "counters", None)
-        if counters is not None:
-            counters["optimistic" if outcomes is not None else "optimistic_failed"] += 1
+        _count(conn, "optimistic" if outcomes is not None else "optimistic_failed")
         if outcomes is not None:
             return outcomes, early is not None and early.complete
     outcomes = _run_batch_plain(conn, batch, early, more)
@@ -2070,13 +2070,15 @@ def _lock_pending(
 ) -> list[LockedExecution]:
     rows = _due_rows(conn, ffqns, batch_size, _us(now), pinned_digest)
     cache = _summaries(conn)
-    if cache is not None and isinstance(conn, BufferedConnection):
-        # An optimistic batch reads the database as it was before the batch: a row an
-        # earlier transaction of the batch wrote is not as read here.
-        if any(row[0] in cache.tx for row in rows):
-            raise NeedsWriteLock("a due execution was written earlier in the batch")
-        for row in rows:
-            cache.touch(row[0])
+    # An optimistic batch reads the database as it was before the batch: a row an earlier
+    # transaction of the batch wrote is not as read here. (Every row is noted as touched
+    # when its lock is written below.)
+    if (
+        cache is not None
+        and isinstance(conn, BufferedConnection)
+        and any(row[0] in cache.tx for row in rows)
+    ):
+        raise NeedsWriteLock("a due execution was written earlier in the batch")
     created_blobs: dict[str, bytes] = {}
     if rows and not with_log:
         ids = [row[0] for row in rows]
@@ -2274,8 +2276,9 @@ class _WriterConnection(sqlite3.Connection):
         self.summaries = SummaryCache(f"{os.getpid()}-{os.urandom(6).hex()}")
         #: Taken before BEGIN IMMEDIATE, let go after COMMIT / ROLLBACK (set at start).
         self.write_lock: WriteLock | None = None
-        #: Batches written optimistically, and those that then ran the usual way.
-        self.counters = {"optimistic": 0, "optimistic_failed": 0}
+        #: Batches written optimistically, those that then ran the usual way, and why
+        #: (`_count`).
+        self.counters: dict[str, int] = {}
 
 
 def _summaries(conn: sqlite3.Connection) -> SummaryCache | None:

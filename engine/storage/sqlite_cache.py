@@ -78,11 +78,6 @@ class SummaryCache:
             else:
                 self.tx[execution_id] = previous
 
-    def touch(self, execution_id: str) -> None:
-        """`execution_id` was read from the database (not through `get`)."""
-        if self.touched is not None:
-            self.touched.add(execution_id)
-
     def commit(self) -> None:
         """The transaction committed: its entries are known to be in the database."""
         if self._recorded is not None:

@@ -36,9 +36,6 @@ class WriteLock:
         self.path = path
         self._fd: int | None = None
         self.held = False
-        self._since = 0.0
-        #: Seconds spent waiting for the lock and holding it, and times taken.
-        self.stats = {"waited": 0.0, "held": 0.0, "taken": 0}
         if fcntl is None:
             return
         try:
@@ -67,17 +64,12 @@ class WriteLock:
                     ) from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.0005)
-        self._since = time.perf_counter()
         self.held = True
-        stats = self.stats
-        stats["waited"] += self._since - start
-        stats["taken"] += 1
 
     def release(self) -> None:
         if self._fd is not None and self.held:
             self.held = False
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-            self.stats["held"] += time.perf_counter() - self._since
 
     def close(self) -> None:
         fd, self._fd = self._fd, None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,38 +14,11 @@ import pytest
 from engine.core import events as ev
 from engine.engine import Engine
 from engine.processes import HelperError, Helpers
-from tests.engine.test_workflow_semantics import (
-    ACTIVITIES,
-    STEP_JS,
-    checked_log,
-    wait_until,
-    workflow,
-)
+from tests.engine.test_shared_sqlite import SERIAL, serial_deployment
+from tests.engine.test_workflow_semantics import checked_log, wait_until
 from tests.pg_cluster import drop_schema, schema_dsn
 
 pytestmark = pytest.mark.slow
-
-SERIAL_JS = """
-import { step } from "myapp:demo/activity";
-export default function serial(n) {
-  let acc = 0;
-  for (let i = 0; i < n; i++) {
-    acc += step(i, 0);
-  }
-  return String(acc);
-}
-"""
-SERIAL = "myapp:demo/workflow.serial"
-
-
-def _deployment(tmp_path: Path) -> Path:
-    (tmp_path / "step.js").write_text(textwrap.dedent(STEP_JS))
-    (tmp_path / "serial.js").write_text(textwrap.dedent(SERIAL_JS))
-    deployment = tmp_path / "deployment.toml"
-    deployment.write_text(
-        textwrap.dedent(ACTIVITIES + workflow("serial", params='[{ name = "n", type = "u32" }]'))
-    )
-    return deployment
 
 
 def _alive(pid: int) -> bool:
@@ -61,7 +33,7 @@ async def test_two_processes_share_the_work_and_stop_together(tmp_path: Path) ->
     placed = hasattr(os, "sched_getaffinity")
     before = os.sched_getaffinity(0) if placed else set()
     engine = await Engine.start(
-        _deployment(tmp_path), tmp_path / "data", processes=2, cpu_affinity="split"
+        serial_deployment(tmp_path), tmp_path / "data", processes=2, cpu_affinity="split"
     )
     try:
         assert engine.helpers is not None
@@ -90,7 +62,7 @@ async def _false_if_alive(pid: int) -> bool:
 
 
 async def test_a_helper_that_dies_is_started_again(tmp_path: Path) -> None:
-    engine = await Engine.start(_deployment(tmp_path), tmp_path / "data", processes=2)
+    engine = await Engine.start(serial_deployment(tmp_path), tmp_path / "data", processes=2)
     try:
         assert engine.helpers is not None
         [first] = engine.helpers.pids
@@ -120,7 +92,7 @@ async def test_helpers_share_a_postgresql_database(tmp_path: Path, postgres_dsn:
     url = schema_dsn(postgres_dsn, tmp_path)
     try:
         engine = await Engine.start(
-            _deployment(tmp_path), tmp_path / "data", database_url=url, processes=2
+            serial_deployment(tmp_path), tmp_path / "data", database_url=url, processes=2
         )
         try:
             ids = await asyncio.gather(*(engine.submit(SERIAL, [4]) for _ in range(30)))
@@ -138,3 +110,9 @@ async def test_helpers_share_a_postgresql_database(tmp_path: Path, postgres_dsn:
             await engine.stop()
     finally:
         await asyncio.to_thread(drop_schema, postgres_dsn, tmp_path)
+
+
+async def test_processes_must_be_at_least_one(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="processes must be at least 1, not 0"):
+        await Engine.start(serial_deployment(tmp_path), tmp_path / "data", processes=0)
+    assert not (tmp_path / "data").exists()  # nothing was started

@@ -45,24 +45,32 @@ export default function serial(n) {
 """
 
 
-async def test_two_engines_on_one_file_share_workflows_and_wake_each_other(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(host_module, "RESPONSE_RECHECK", 60.0)
-    monkeypatch.setattr(SqliteStorage, "FINISHED_RECHECK_INTERVAL", 60.0)
+SERIAL = "myapp:demo/workflow.serial"
+
+
+def serial_deployment(tmp_path: Path) -> Path:
+    """`SERIAL(n)`: n calls of the JS activity `step`, one after the other → "0+…+(n−1)"."""
     (tmp_path / "step.js").write_text(textwrap.dedent(STEP_JS))
     (tmp_path / "serial.js").write_text(textwrap.dedent(SERIAL_JS))
     deployment = tmp_path / "deployment.toml"
     deployment.write_text(
         textwrap.dedent(ACTIVITIES + workflow("serial", params='[{ name = "n", type = "u32" }]'))
     )
+    return deployment
+
+
+async def test_two_engines_on_one_file_share_workflows_and_wake_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host_module, "RESPONSE_RECHECK", 60.0)
+    monkeypatch.setattr(SqliteStorage, "FINISHED_RECHECK_INTERVAL", 60.0)
+    deployment = serial_deployment(tmp_path)
     engines: list[Engine] = []
     try:
         for _ in range(2):
             engines.append(await Engine.start(deployment, tmp_path / "data", watch=False))
         a, b = engines
-        ffqn = "myapp:demo/workflow.serial"
-        ids = await asyncio.gather(*(a.submit(ffqn, [6]) for _ in range(30)))
+        ids = await asyncio.gather(*(a.submit(SERIAL, [6]) for _ in range(30)))
         results = await asyncio.wait_for(
             asyncio.gather(*(a.result(eid, 30) for eid in ids)), timeout=30
         )
