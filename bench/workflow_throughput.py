@@ -21,7 +21,8 @@ Scenarios (each after a small warm-up workflow that is not measured):
 * `serial` — one workflow, `--steps` sequential calls (`await`): steps/s.
 * `many` — `--workflows` workflows × `--per-workflow` calls, submitted at once: steps/s.
 * `many-shared` — `many` on an engine of two processes (`Engine.start(processes=2)`: a
-  helper engine on the same SQLite file), each on a CPU of its own (not by default).
+  helper engine, each process with a SQLite shard of its own: `engine.storage.sharded`),
+  each on a CPU of its own (not by default). Its storage stats are the first process's.
 * `fanout` — one workflow with `--children` children in one join set: end-to-end time.
 * `replay` — a `--steps`-step workflow in a child process that is SIGKILLed once most of
   its steps are done; right after the kill a second process starts the engine (its
@@ -168,7 +169,7 @@ async def _measured(
         warm.append(await engine.submit(FANOUT, [3]))
         for eid, expected in zip(warm, [3] * warm_up + [6], strict=True):
             _ok(await engine.result(eid, 60), expected)
-        stats = engine.storage.stats
+        stats = engine.own_storage.stats
         before = dict(stats)
         cpu0 = time.process_time()
         result = await body(engine)
@@ -223,7 +224,7 @@ async def many(engine: Any, workflows: int, per_workflow: int) -> dict[str, Any]
 
 async def many_shared(data_dir: Path, workflows: int, per_workflow: int) -> dict[str, Any]:
     """`many` on an engine of two processes (`Engine.start(processes=2)`: a helper engine
-    on the same SQLite file), each on a CPU of its own."""
+    on a SQLite shard of its own), each on a CPU of its own."""
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("many-shared needs two CPUs")
     global CPU_AFFINITY

@@ -31,6 +31,7 @@ from engine.storage.contract import (
     StorageError,
     VersionConflict,
 )
+from engine.storage.sharded import ShardedStorage, existing_shards, shard_path
 from engine.storage.sqlite import SqliteStorage
 from engine.workers.pool import RunPool
 from engine.workflow.cancellation import CancellationDriver
@@ -50,8 +51,14 @@ class Engine:
         clock: Clock,
         data_dir: Path,
         wasm_engine: Any,
+        *,
+        own_storage: Storage | None = None,
     ) -> None:
+        #: Every execution, for the API and the console (`ShardedStorage` when the
+        #: executions are in several SQLite files: `engine.storage.sharded`).
         self.storage = storage
+        #: This process's work: what its executors, timers and upgrades see.
+        self.own_storage = own_storage or storage
         self.registry = registry
         self.clock = clock
         self.data_dir = data_dir
@@ -71,11 +78,11 @@ class Engine:
         )
         self._split_threads = False
         self.executors: list[BaseExecutor] = []
-        self.watcher = TimersWatcher(storage, clock)
+        self.watcher = TimersWatcher(self.own_storage, clock)
         self.run_executors = True
         #: Hot reload of the deployment and workflow upgrades (SPEC §9.3).
         self.reloader = ReloadManager(self, registry.deployment.path)
-        self.canceller = CancellationDriver(storage, clock)
+        self.canceller = CancellationDriver(self.own_storage, clock)
         #: The other engine processes (`Engine.start(processes=N)`).
         self.helpers: Helpers | None = None
 
@@ -93,6 +100,7 @@ class Engine:
         database_url: str | None = None,
         cpu_affinity: affinity.Mode = "off",
         processes: int = 1,
+        shard: int | None = None,
     ) -> Engine:
         """Load the deployment, open the database, start executors and the watcher.
 
@@ -104,8 +112,11 @@ class Engine:
         reloaded on change (`engine.reload`). `cpu_affinity="split"` places this
         process's threads (`engine.affinity`: process-wide, for the process's owner).
         `processes` > 1 starts that many engine processes in all (`engine.processes`):
-        this one and helpers on the same database, each on a CPU of its own (then
-        `cpu_affinity` "split" places this process on its CPU instead).
+        this one and helpers, each on a CPU of its own (then `cpu_affinity` "split"
+        places this process on its CPU instead). With SQLite each process works on a
+        file of its own, a shard (`engine.storage.sharded`): a data dir that has shards
+        is always served by as many processes, whatever `processes` says. `shard`: the
+        engine of a helper, on that shard alone.
         Raises DeploymentError / StorageError with a message naming the culprit; nothing
         is started when anything fails.
         """
@@ -114,6 +125,10 @@ class Engine:
         if processes < 1:
             raise ValueError(f"processes must be at least 1, not {processes}")
         data = Path(data_dir)
+        shards = 1
+        if not database_url and shard is None:
+            shards = max(processes, existing_shards(data))
+            processes = shards
         deployment = load_deployment(deployment_path)
         try:  # the compiled cache (and the SQLite database) live there
             (data / "cache").mkdir(parents=True, exist_ok=True)
@@ -128,18 +143,19 @@ class Engine:
         else:
             split = affinity.configure(cpu_affinity)
         storage: Storage
+        own: Storage
         try:
             if database_url:
                 from engine.storage.postgres import PostgresStorage
 
-                storage = await PostgresStorage.open(database_url)
+                storage = own = await PostgresStorage.open(database_url)
             else:
-                storage = await SqliteStorage.open(data / "obelisk.sqlite")
+                storage, own = await _open_sqlite(data, shard, shards)
             try:
                 # Kept by digest: backtraces show their lines even after the file changed.
                 from engine.workflow.backtraces import save_component_sources, source_saver
 
-                await save_component_sources(storage, registry)
+                await save_component_sources(own, registry)
             except BaseException:
                 await storage.close()
                 raise
@@ -147,7 +163,7 @@ class Engine:
             if split:  # nothing started: the caller's thread gets its CPUs back
                 affinity.configure("off")
             raise
-        engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine)
+        engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine, own_storage=own)
         engine._split_threads = split
         engine.reloader.add_listener(source_saver(engine))  # and after each reload
         engine.run_executors = run_executors
@@ -165,6 +181,7 @@ class Engine:
                 cpus if split else None,
                 processes - 1,
                 database_url,
+                sharded=shards > 1,
             )
             try:
                 await engine.helpers.start()
@@ -190,7 +207,7 @@ class Engine:
 
             cls = PinnedWorkflowExecutor if pinned else WorkflowExecutor
             executor = cls(
-                self.storage,
+                self.own_storage,
                 component,
                 self.clock,
                 self.workflow_threads,
@@ -200,7 +217,7 @@ class Engine:
             )
             executor.on_pinned = self.reloader.revive_soon
             return executor
-        return ActivityExecutor(self.storage, component, self.clock, self.threads)
+        return ActivityExecutor(self.own_storage, component, self.clock, self.threads)
 
     def direct_lock(self, ffqn: str, now: datetime) -> DirectLock | None:
         """A lock for a child of `ffqn` being created at `now`, taken by this engine's
@@ -287,7 +304,12 @@ class Engine:
         _, component = self.registry.function(ffqn)
         checked = self.registry.validate_params(ffqn, params)
         if execution_id is None:
-            eid = ExecutionId.generate()
+            # Sharded: an id whose shard is the next in turn (balanced submissions).
+            eid = (
+                self.storage.generate_id()
+                if isinstance(self.storage, ShardedStorage)
+                else ExecutionId.generate()
+            )
         else:
             try:
                 eid = ExecutionId.parse(execution_id)
@@ -365,6 +387,26 @@ class Engine:
 
     async def result(self, execution_id: str, timeout: float | None = None) -> ev.ExecutionResult:
         return await self.storage.wait_for_finished(execution_id, timeout)
+
+
+async def _open_sqlite(data: Path, shard: int | None, shards: int) -> tuple[Storage, Storage]:
+    """(every execution, this process's own) of a SQLite data dir: one file, the shard
+    of a helper, or the first shard and the others opened as an observer."""
+    if shard is not None:
+        own = await SqliteStorage.open(shard_path(data, shard))
+        return own, own
+    own = await SqliteStorage.open(shard_path(data, 0))
+    opened: list[Storage] = [own]
+    try:
+        for index in range(1, shards):
+            opened.append(await SqliteStorage.open(shard_path(data, index), observer=True))
+    except BaseException:
+        for s in opened:
+            await s.close()
+        raise
+    if shards == 1:
+        return own, own
+    return ShardedStorage(opened), own
 
 
 __all__ = ["Engine", "NotFound"]

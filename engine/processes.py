@@ -1,12 +1,14 @@
-"""More engine processes on the same SQLite file: `Engine.start(processes=N)`.
+"""More engine processes: `Engine.start(processes=N)`.
 
 One Python process runs its Python code on one CPU at a time (the GIL), so an engine
 uses a second CPU through a second process. With `processes=N`, the engine starts N − 1
-*helper* processes (`python -m engine.processes`), each a full engine on the same data
-dir — executors, timers watcher, cancellation driver, hot reload — without an API; the
-starting process (the server's, the console's) is the first. Each process is placed on
-a CPU of its own. They share the work the way any processes sharing a SQLite file do
-(`engine.storage.sqlite_peers`, the README's "Several processes on one SQLite file").
+*helper* processes (`python -m engine.processes`), each a full engine — executors,
+timers watcher, cancellation driver, hot reload — without an API; the starting process
+(the server's, the console's) is the first. Each process is placed on a CPU of its own.
+
+- SQLite: helper i works on a file of its own, shard i of the data dir
+  (`engine.storage.sharded`); the starting process serves the API over every shard.
+- PostgreSQL: every process works on the one database, as several servers would.
 
 - A helper stops when its stdin closes: when the engine stops, and when the starting
   process dies however it dies (the pipe closes with it), so no helper outlives it.
@@ -64,8 +66,12 @@ class Helpers:
         cpus: list[set[int]] | None,
         count: int,
         database_url: str | None = None,
+        *,
+        sharded: bool = False,
     ) -> None:
         self.deployment = deployment
+        #: Helper i (from 0) works on shard i + 1 of the data dir.
+        self.sharded = sharded
         self.data_dir = data_dir
         self.cpus = cpus
         self.count = count
@@ -102,6 +108,7 @@ class Helpers:
             "--data-dir",
             str(self.data_dir),
             *(["--cpus", ",".join(map(str, sorted(cpus)))] if cpus else []),
+            *(["--shard", str(index + 1)] if self.sharded else []),
             # Its log lines at the level of this process's.
             "--log-level",
             logging.getLevelName(logging.getLogger().getEffectiveLevel()),
@@ -178,14 +185,17 @@ class Helpers:
 # -- the helper process --------------------------------------------------------------------
 
 
-async def _helper(deployment: Path, data_dir: Path) -> int:
+async def _helper(deployment: Path, data_dir: Path, shard: int | None) -> int:
     from engine.engine import Engine
     from engine.errors import DeploymentError
     from engine.storage.contract import StorageError
 
     try:
         engine = await Engine.start(
-            deployment, data_dir, database_url=os.environ.get(_DATABASE_ENV) or None
+            deployment,
+            data_dir,
+            database_url=os.environ.get(_DATABASE_ENV) or None,
+            shard=shard,
         )
     except (DeploymentError, StorageError, OSError) as e:
         print(f"error: {e}", flush=True)
@@ -204,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deployment", type=Path, required=True)
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--cpus", help="the CPUs to run on, comma-separated")
+    p.add_argument("--shard", type=int, help="the SQLite shard to work on (from 1)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     if args.cpus:
@@ -218,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.gc_tuning import tune_gc
 
     tune_gc()
-    return asyncio.run(_helper(args.deployment, args.data_dir))
+    return asyncio.run(_helper(args.deployment, args.data_dir, args.shard))
 
 
 if __name__ == "__main__":

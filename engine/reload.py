@@ -331,7 +331,7 @@ class ReloadManager:
     def __init__(self, engine: Engine, deployment_path: Path) -> None:
         self.engine = engine
         self.deployment_path = deployment_path.resolve()
-        self.upgrader = Upgrader(engine.storage, engine.clock, engine.workflow_threads)
+        self.upgrader = Upgrader(engine.own_storage, engine.clock, engine.workflow_threads)
         self._lock = asyncio.Lock()
         self._subscribers: set[ReloadSubscription] = set()
         self._listeners: list[Callable[[ReloadStatus], None]] = []
@@ -538,7 +538,7 @@ class ReloadManager:
                 ffqns.update(c.ffqns)
         if not ffqns:
             return []
-        rows = await self.engine.storage.unfinished_executions(sorted(ffqns))
+        rows = await self.engine.own_storage.unfinished_executions(sorted(ffqns))
         jobs = []
         for row in rows:
             target = new.functions.get(row.ffqn)
@@ -566,7 +566,7 @@ class ReloadManager:
         version if it is theirs again or if it passes their upgrade check."""
         registry = self.engine.registry
         jobs = []
-        for row in await self.engine.storage.unfinished_executions(pinned_only=True):
+        for row in await self.engine.own_storage.unfinished_executions(pinned_only=True):
             target = registry.functions.get(row.ffqn)
             if target is not None and target[1].config.is_workflow:
                 jobs.append(
@@ -615,7 +615,7 @@ class ReloadManager:
 
         deployed = {c.component_id.digest for c in registry.components}
         wanted: dict[str, str] = {}
-        for row in await self.engine.storage.unfinished_executions(pinned_only=True):
+        for row in await self.engine.own_storage.unfinished_executions(pinned_only=True):
             digest = row.pinned_digest
             if digest is not None and digest not in self._pinned and digest not in deployed:
                 wanted.setdefault(digest, row.ffqn)
@@ -648,7 +648,7 @@ class ReloadManager:
         if wanted == []:
             return []
         try:
-            rows = await self.engine.storage.unfinished_executions(wanted)
+            rows = await self.engine.own_storage.unfinished_executions(wanted)
         except StorageError as e:
             log.error("counting executions of removed functions: %s", e)
             return []
@@ -670,7 +670,7 @@ class ReloadManager:
 
     async def _pinned_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for row in await self.engine.storage.unfinished_executions(pinned_only=True):
+        for row in await self.engine.own_storage.unfinished_executions(pinned_only=True):
             assert row.pinned_digest is not None
             counts[row.pinned_digest] = counts.get(row.pinned_digest, 0) + 1
         return counts

@@ -137,6 +137,9 @@ class ListFilter:
     limit: int = 100
     #: Paging: return rows created strictly before this (execution_id) cursor.
     before_id: str | None = None
+    #: With `before_id`: that row's `created_at`. A backend that does not hold the row
+    #: (another shard: `engine.storage.sharded`) pages after it by this pair.
+    before_created_at: datetime | None = None
     #: Paging by position (a virtual list): skip this many rows of the order.
     offset: int = 0
     order: ListOrder = "created_desc"
@@ -351,6 +354,10 @@ class Storage(Protocol):
     async def get_row(self, execution_id: str) -> ExecutionRow: ...
 
     async def list_executions(self, flt: ListFilter) -> list[ExecutionRow]: ...
+
+    async def with_extras(self, rows: list[ExecutionRow]) -> list[ExecutionRow]:
+        """`rows` (of this database) with `children` and `last_event` filled, as
+        `list_executions` gives them with `ListFilter.with_extras`."""
 
     async def count_by_state(self) -> dict[str, int]: ...
 

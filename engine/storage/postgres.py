@@ -1048,7 +1048,7 @@ class PostgresStorage:
         )
         result = [_row(r) for r in await self._fetch(sql, *args, flt.limit, flt.offset)]
         if flt.with_extras and result:
-            result = await self._with_extras(result)
+            result = await self.with_extras(result)
         return result
 
     async def count_executions(self, flt: ListFilter) -> int:
@@ -1056,7 +1056,7 @@ class PostgresStorage:
         rows = await self._fetch(f"SELECT count(*) FROM executions{where}", *args)
         return int(rows[0][0]) if rows else 0
 
-    async def _with_extras(self, rows: list[ExecutionRow]) -> list[ExecutionRow]:
+    async def with_extras(self, rows: list[ExecutionRow]) -> list[ExecutionRow]:
         ids = [r.execution_id for r in rows]
         children = {
             r[0]: int(r[1])
@@ -2052,7 +2052,11 @@ def _list_where(flt: ListFilter) -> tuple[str, list[Any]]:
         where.append(
             f"execution_id >= {arg(flt.id_prefix)} AND execution_id < {arg(flt.id_prefix + top)}"
         )
-    if flt.before_id:
+    if flt.before_id and flt.before_created_at is not None:
+        where.append(
+            f"(created_at, execution_id) < ({arg(us(flt.before_created_at))}, {arg(flt.before_id)})"
+        )
+    elif flt.before_id:
         where.append(
             "(created_at, execution_id) < (SELECT created_at, execution_id FROM executions "
             f"WHERE execution_id = {arg(flt.before_id)})"

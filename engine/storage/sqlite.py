@@ -625,7 +625,7 @@ class _Writer:
 class SqliteStorage:
     """The embedded default backend. Open with `await SqliteStorage.open(path)`."""
 
-    def __init__(self, path: Path, reader: aiosqlite.Connection) -> None:
+    def __init__(self, path: Path, reader: aiosqlite.Connection, *, observer: bool = False) -> None:
         self.path = path
         self._reader = reader
         self.notifier = Notifier()
@@ -639,12 +639,18 @@ class SqliteStorage:
         #: Counters for benchmarks: logical transactions and physical commits.
         self.stats = {"logical": 0, "commits": 0, "events": 0}
         #: Wake-ups to and from the other processes sharing the file.
-        self.peers = PeerBus(path, self._on_peer_message)
+        self.peers = PeerBus(path, self._on_peer_message, observer=observer)
         self._background: set[asyncio.Future[Any]] = set()
 
     # -- opening ----------------------------------------------------------------
     @classmethod
-    async def open(cls, path: str | os.PathLike[str], *, max_batch: int = 1000) -> SqliteStorage:
+    async def open(
+        cls, path: str | os.PathLike[str], *, max_batch: int = 1000, observer: bool = False
+    ) -> SqliteStorage:
+        """Open (creating and migrating) the database at `path`. An `observer` mostly
+        reads it while another process does the work (a shard of a sharded engine:
+        `engine.storage.sharded`): that one keeps writing the way a single process
+        does (`PeerBus.has_engine_peers`)."""
         p = Path(path)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -675,14 +681,14 @@ class SqliteStorage:
             await reader.close()
             await writer.stop()
             raise StorageError(f"cannot use database {p}: {e}") from None
-        storage = cls(p, reader)
+        storage = cls(p, reader, observer=observer)
         writer.deliver = storage._deliver  # no batch was queued before this
         writer.urgent = storage._urgent
         writer.post_responses = storage.notifier.post_responses
         writer.early = _EarlyResponses(storage.notifier)
         if storage.peers.open(asyncio.get_running_loop()):
             writer.tell_peers = storage._tell_peers
-            writer.shared = storage.peers.has_peers
+            writer.shared = storage.peers.has_engine_peers
         storage._writer = writer
         return storage
 
@@ -788,8 +794,8 @@ class SqliteStorage:
         for ok, _, notes in outcomes:
             if ok:
                 payload.add(notes)
-        if payload.lines:
-            self.peers.send(payload.chunks(self.peers.name, sqlite_peers.MAX_DATAGRAM))
+        # Even with no line: the others' change feeds (the console) learn of the commit.
+        self.peers.send(payload.chunks(self.peers.name, sqlite_peers.MAX_DATAGRAM))
 
     def _on_peer_message(self, payload: str) -> None:
         """On the loop: another process committed."""
@@ -1069,7 +1075,7 @@ class SqliteStorage:
         rows = await self._reader.execute_fetchall(sql, [*args, flt.limit, flt.offset])
         result = [_row(r) for r in rows]
         if flt.with_extras and result:
-            result = await self._with_extras(result)
+            result = await self.with_extras(result)
         return result
 
     async def count_executions(self, flt: ListFilter) -> int:
@@ -1079,7 +1085,7 @@ class SqliteStorage:
             return int(count)
         return 0
 
-    async def _with_extras(self, rows: list[ExecutionRow]) -> list[ExecutionRow]:
+    async def with_extras(self, rows: list[ExecutionRow]) -> list[ExecutionRow]:
         ids = [r.execution_id for r in rows]
         marks = ",".join("?" * len(ids))
         children: dict[str, int] = dict(
@@ -2563,7 +2569,10 @@ def _list_where(flt: ListFilter) -> tuple[str, list[Any]]:
     if flt.id_prefix:
         where.append("execution_id >= ? AND execution_id < ?")
         args += [flt.id_prefix, flt.id_prefix + "\U0010ffff"]
-    if flt.before_id:
+    if flt.before_id and flt.before_created_at is not None:
+        where.append("(created_at, execution_id) < (?, ?)")
+        args += [us(flt.before_created_at), flt.before_id]
+    elif flt.before_id:
         where.append(
             "(created_at, execution_id) < (SELECT created_at, execution_id FROM executions "
             "WHERE execution_id = ?)"

@@ -37,6 +37,8 @@ log = logging.getLogger("obelisk.storage")
 PEERS_TTL = 0.5
 #: Datagrams stay below this (the kernel's default socket buffer is ~200 KiB).
 MAX_DATAGRAM = 32_000
+#: The end of an observer's name.
+OBSERVER_SUFFIX = "-observer"
 #: Receive buffer asked for: bursts of commits while the loop is busy.
 RECEIVE_BUFFER = 4 * 1024 * 1024
 
@@ -49,11 +51,16 @@ class PeerBus:
     """This process's end: `send` from any thread (the writer's), `on_message` called
     on the event loop with each payload another peer sent."""
 
-    def __init__(self, database: Path, on_message: Callable[[str], None]) -> None:
+    def __init__(
+        self, database: Path, on_message: Callable[[str], None], *, observer: bool = False
+    ) -> None:
         real = os.path.realpath(database)  # one name however the file was opened
         self.directory = Path(f"{real}-peers")
         self._prefix = b"\0obelisk-" + hashlib.sha256(real.encode()).hexdigest()[:20].encode()
-        self.name = f"{os.getpid()}-{os.urandom(6).hex()}"
+        #: An observer (`observer=True`) reads the file and writes to it only now and
+        #: then (the API of a sharded engine: `engine.storage.sharded`); the others do
+        #: not change how they write for it (`has_engine_peers`).
+        self.name = f"{os.getpid()}-{os.urandom(6).hex()}" + (OBSERVER_SUFFIX if observer else "")
         self._on_message = on_message
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -133,6 +140,12 @@ class PeerBus:
         """Whether other processes have the file open (as of at most `PEERS_TTL` ago)."""
         with self._lock:
             return bool(self._current_peers())
+
+    def has_engine_peers(self) -> bool:
+        """Whether other processes that are not observers have the file open: processes
+        that write it all the time (as of at most `PEERS_TTL` ago)."""
+        with self._lock:
+            return any(not p.endswith(OBSERVER_SUFFIX) for p in self._current_peers())
 
     def _current_peers(self) -> list[str]:
         now = time.monotonic()

@@ -82,7 +82,7 @@ def source_saver(engine: Engine) -> Callable[[Any], None]:
 
     async def save() -> None:
         try:
-            await save_component_sources(engine.storage, engine.registry)
+            await save_component_sources(engine.own_storage, engine.registry)
         except Exception as e:  # the engine may be closing; the sources stay in memory
             log.warning("could not store component sources after a reload: %s", e)
 
