@@ -981,6 +981,22 @@ async def test_list_executions_paging_with_before_id(storage: Storage) -> None:
     assert [r.execution_id for r in page] == [ids[4], ids[3], ids[2]]
 
 
+async def test_list_executions_paging_after_a_row_held_elsewhere(storage: Storage) -> None:
+    """`before_id` with `before_created_at`: after a row another database (shard) holds,
+    ordered by (created_at, execution_id) like every row."""
+    ids = [await create(storage, now=i) for i in range(4)]
+
+    async def before(created: float, execution_id: str) -> list[str]:
+        flt = ListFilter(before_id=execution_id, before_created_at=at(created))
+        listed = [r.execution_id for r in await storage.list_executions(flt)]
+        assert await storage.count_executions(flt) == len(listed)
+        return listed
+
+    assert await before(2, "E_0") == [ids[1], ids[0]]  # "E_0" < every ULID id
+    assert await before(2, "E_~") == [ids[2], ids[1], ids[0]]
+    assert await before(0, "E_0") == []
+
+
 @pytest.mark.parametrize(
     ("flt", "expected"),
     [
