@@ -1,6 +1,6 @@
-"""`Engine.start(processes=N)` (`engine.processes`): helper engine processes on the same
-data dir, each on a CPU of its own, started again when they die, stopped with the engine.
-Real processes: marked slow."""
+"""`Engine.start(processes=N)` (`engine.processes`): helper engine processes, each on a
+CPU of its own and (SQLite) a shard of the data dir of its own, started again when they
+die, stopped with the engine. Real processes: marked slow."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from engine.core import events as ev
 from engine.engine import Engine
 from engine.processes import HelperError, Helpers
+from engine.storage.contract import ListFilter
 from tests.engine.test_shared_sqlite import SERIAL, serial_deployment
 from tests.engine.test_workflow_semantics import checked_log, wait_until
 from tests.pg_cluster import drop_schema, schema_dsn
@@ -50,6 +51,12 @@ async def test_two_processes_share_the_work_and_stop_together(tmp_path: Path) ->
                 if isinstance(stored.event, ev.Locked):
                     lockers.add(stored.event.executor_id)
         assert lockers - ours, "the helper ran none of the workflows"
+        # Each process's executions are in its shard; the API sees them all.
+        assert (tmp_path / "data" / "obelisk-shard1.sqlite").exists()
+        own = await engine.own_storage.count_executions(ListFilter(top_level_only=True))
+        assert own == 20  # submissions take the shards in turn
+        listed = await engine.storage.list_executions(ListFilter(top_level_only=True))
+        assert sorted(r.execution_id for r in listed) == sorted(ids)
     finally:
         await engine.stop()
     await wait_until(lambda: _false_if_alive(pid), 20, "the helper to exit")
@@ -59,6 +66,27 @@ async def test_two_processes_share_the_work_and_stop_together(tmp_path: Path) ->
 
 async def _false_if_alive(pid: int) -> bool:
     return not _alive(pid)
+
+
+async def test_a_data_dir_with_shards_is_served_by_as_many_processes(tmp_path: Path) -> None:
+    deployment = serial_deployment(tmp_path)
+    engine = await Engine.start(deployment, tmp_path / "data", processes=2)
+    try:
+        ids = [await engine.submit(SERIAL, [2]) for _ in range(2)]  # one per shard
+        for eid in ids:
+            assert await engine.result(eid, 60) == ev.ResultOk("1")
+    finally:
+        await engine.stop()
+    engine = await Engine.start(deployment, tmp_path / "data")  # processes=1
+    try:
+        assert engine.helpers is not None and len(engine.helpers.pids) == 1
+        for eid in ids:  # both shards are read
+            assert await engine.result(eid, 5) == ev.ResultOk("1")
+        more = [await engine.submit(SERIAL, [3]) for _ in range(2)]
+        for eid in more:  # and both are worked on
+            assert await engine.result(eid, 60) == ev.ResultOk("3")
+    finally:
+        await engine.stop()
 
 
 async def test_a_helper_that_dies_is_started_again(tmp_path: Path) -> None:
@@ -74,8 +102,9 @@ async def test_a_helper_that_dies_is_started_again(tmp_path: Path) -> None:
             return bool(pids) and pids != [first]
 
         await wait_until(replaced, 60, "a new helper")
-        eid = await engine.submit(SERIAL, [3])
-        assert await engine.result(eid, 60) == ev.ResultOk("3")
+        ids = [await engine.submit(SERIAL, [3]) for _ in range(2)]  # one per shard
+        for eid in ids:
+            assert await engine.result(eid, 60) == ev.ResultOk("3")
     finally:
         await engine.stop()
 
