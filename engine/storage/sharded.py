@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import heapq
+import itertools
 import zlib
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -121,6 +122,8 @@ class ShardedStorage:
         #: Top-level id → its shard, for those looked up (executions never move).
         self._where: dict[str, int] = {}
         self._turn = 0
+        #: Ids from `generate_id` not created yet: new, so no other shard has them.
+        self._fresh: set[str] = set()
         self._feed = _MergedFeed([s.changes() for s in self.shards])
 
     async def close(self) -> None:
@@ -135,6 +138,9 @@ class ShardedStorage:
         while True:
             eid = ExecutionId.generate()
             if home_shard(str(eid), len(self.shards)) == wanted:
+                if len(self._fresh) >= _REMEMBERED:
+                    self._fresh.clear()  # (a caller that never created them)
+                self._fresh.add(str(eid))
                 return eid
 
     async def shard_index(self, execution_id: str) -> int:
@@ -153,11 +159,14 @@ class ShardedStorage:
                 await self.shards[i].get_summary(root)
             except NotFound:
                 continue
-            if len(self._where) >= _REMEMBERED:
-                self._where.clear()
-            self._where[root] = i
+            self._remember(root, i)
             return i
         return home
+
+    def _remember(self, root: str, index: int) -> None:
+        if len(self._where) >= _REMEMBERED:
+            self._where.clear()
+        self._where[root] = index
 
     async def _shard_of(self, execution_id: str) -> Storage:
         return self.shards[await self.shard_index(execution_id)]
@@ -171,15 +180,18 @@ class ShardedStorage:
 
     # -- writes ------------------------------------------------------------------------
     async def create(self, request: CreateRequest, now: datetime) -> None:
-        root = _top_level(request.execution_id)
-        if root is not None and root == request.execution_id:
-            # A top-level id lives at its home (a scheduled one, created by a workflow
-            # in its own shard, has a fresh id: it cannot be submitted here as well).
-            known = self._where.get(root)
-            shard = self.shards[known if known is not None else home_shard(root, len(self.shards))]
+        eid = request.execution_id
+        if eid in self._fresh:  # generated here: its home has the shards' turn
+            self._fresh.discard(eid)
+            index = home_shard(eid, len(self.shards))
         else:
-            shard = await self._shard_of(request.execution_id)
-        await shard.create(request, now)
+            # Where it exists already (a second submit: idempotent or a conflict, as in
+            # one database; also after the number of shards grew), else its home.
+            index = await self.shard_index(eid)
+        await self.shards[index].create(request, now)
+        root = _top_level(eid)
+        if root is not None:
+            self._remember(root, index)
 
     async def append(
         self,
@@ -399,21 +411,31 @@ class ShardedStorage:
         )
         lists = await asyncio.gather(*(s.list_executions(per_shard) for s in self.shards))
         key, descending = _ORDER_KEYS[flt.order]
-        merged = heapq.merge(*lists, key=key, reverse=descending)
-        page = [row for i, row in enumerate(merged) if i >= flt.offset][: flt.limit]
+        merged = heapq.merge(
+            *([(row, index) for row in rows] for index, rows in enumerate(lists)),
+            key=lambda pair: key(pair[0]),
+            reverse=descending,
+        )
+        page = list(itertools.islice(merged, flt.offset, flt.offset + flt.limit))
         if flt.with_extras and page:
-            page = await self.with_extras(page)
-        return page
+            return await self._with_extras_from(page)
+        return [row for row, _ in page]
 
     async def with_extras(self, rows: list[ExecutionRow]) -> list[ExecutionRow]:
+        return await self._with_extras_from(
+            [(row, await self.shard_index(row.execution_id)) for row in rows]
+        )
+
+    async def _with_extras_from(self, rows: list[tuple[ExecutionRow, int]]) -> list[ExecutionRow]:
+        """Extras of (row, index of its shard) pairs, from each row's shard."""
         by_shard: dict[int, list[ExecutionRow]] = {}
-        for row in rows:
-            by_shard.setdefault(await self.shard_index(row.execution_id), []).append(row)
-        filled: dict[str, ExecutionRow] = {}
-        for index, part in by_shard.items():
-            for row in await self.shards[index].with_extras(part):
-                filled[row.execution_id] = row
-        return [filled.get(r.execution_id, r) for r in rows]
+        for row, index in rows:
+            by_shard.setdefault(index, []).append(row)
+        parts = await asyncio.gather(
+            *(self.shards[index].with_extras(part) for index, part in by_shard.items())
+        )
+        filled = {row.execution_id: row for part in parts for row in part}
+        return [filled.get(row.execution_id, row) for row, _ in rows]
 
     async def count_executions(self, flt: ListFilter) -> int:
         if flt.before_id and flt.before_created_at is None:

@@ -20,7 +20,7 @@ from engine.core import events as ev
 from engine.core.ids import ExecutionId
 from engine.core.state import Paused
 from engine.storage import sqlite_peers
-from engine.storage.contract import ExecutionRow, ListFilter, NotFound
+from engine.storage.contract import Conflict, ExecutionRow, ListFilter, NotFound
 from engine.storage.sharded import (
     ShardedStorage,
     existing_shards,
@@ -104,6 +104,12 @@ async def test_an_execution_away_from_its_home_is_found(shards: Shards) -> None:
     await shards.owners[1].create(create_request(eid), at(0))
     assert (await shards.sharded.get_row(eid)).execution_id == eid
     assert await shards.sharded.shard_index(eid) == 1
+    # Submitted again (the same, or other params) it is found where it is, as in one file.
+    await shards.sharded.create(create_request(eid), at(1))
+    with pytest.raises(Conflict):
+        await shards.sharded.create(create_request(eid, params=[1]), at(1))
+    with pytest.raises(NotFound):
+        await shards.owners[0].get_summary(eid)
     await shards.sharded.pause(eid, at(1))
     assert isinstance((await shards.owners[1].get_summary(eid)).state, Paused)
 
