@@ -249,18 +249,12 @@ def _parse_json_arg(text: str, what: str) -> Any:
 
 def _processes(text: str) -> int:
     """`--processes`: a count from 1, or auto (the CPUs this process may use)."""
-    if text == "auto":
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except (AttributeError, OSError):
-            return max(1, os.cpu_count() or 1)
+    from engine.processes import parse_processes
+
     try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number or auto: {text!r}") from None
-    if not 1 <= n <= 64:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 64, not {n}")
-    return n
+        return parse_processes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def cmd_server_run(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """`obelisk-tui`: the console, embedded or attached, in a terminal or a browser.
 
     obelisk-tui --demo                         # the demo deployment, embedded, with traffic
-    obelisk-tui --deployment FILE [--data-dir DIR]
+    obelisk-tui --deployment FILE [--data-dir DIR] [--processes N|auto]
     obelisk-tui --attach http://127.0.0.1:5005 # a running `obelisk server` (OBELISK_API_TOKEN)
     obelisk-tui --serve [--demo | --deployment FILE] [--serve-listen 127.0.0.1:8000]
 
@@ -55,6 +55,14 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-traffic", action="store_true", help="--demo without generated traffic")
     p.add_argument(
+        "--processes",
+        type=_processes,
+        default=1,
+        metavar="N|auto",
+        help="embedded: engine processes, each with a SQLite shard and a CPU of its own "
+        "(default 1; auto: one per CPU), as `obelisk server run --processes`",
+    )
+    p.add_argument(
         "--serve",
         action="store_true",
         help="serve the console to browsers (textual-serve), on one shared engine",
@@ -66,6 +74,15 @@ def parser() -> argparse.ArgumentParser:
         help="with --serve: where browsers connect (default 127.0.0.1:8000)",
     )
     return p
+
+
+def _processes(text: str) -> int:
+    from engine.processes import parse_processes
+
+    try:
+        return parse_processes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _log_to_file(data_dir: Path) -> Path:
@@ -90,6 +107,13 @@ def _ensure_demo_built() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.attach and args.processes != 1:
+        print(
+            "error: --processes is for an embedded engine (--demo, --deployment); "
+            "an attached server has its own (obelisk server run --processes)",
+            file=sys.stderr,
+        )
+        return 2
     if args.serve:
         return _serve(args)
     from engine.client import api_url_problem
@@ -136,7 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         log_path = _log_to_file(data_dir)
 
         async def connect() -> ConsoleBackend:
-            return await EmbeddedBackend.start(deployment, data_dir)
+            # Several processes: each on a CPU of its own (one: the OS places threads).
+            return await EmbeddedBackend.start(
+                deployment,
+                data_dir,
+                processes=args.processes,
+                cpu_affinity="split" if args.processes > 1 else "off",
+            )
 
         what = f"the engine on {deployment} (logs: {log_path}); the first start compiles components"
         if args.demo and not args.no_traffic:
@@ -221,6 +251,7 @@ async def _serve_web(
     from textual_serve.server import Server
 
     from engine.errors import DeploymentError, StorageError
+    from engine.processes import HelperError
     from engine.server.run import start_server
 
     logging.basicConfig(
@@ -234,8 +265,10 @@ async def _serve_web(
         os.environ[TOKEN_ENV] = token  # the browser sessions' consoles inherit it
         print(f"Starting the engine: {deployment}…", flush=True)
         try:
-            engine_server = await start_server(deployment, data_dir, "127.0.0.1", 0, token)
-        except (DeploymentError, StorageError, OSError) as e:
+            engine_server = await start_server(
+                deployment, data_dir, "127.0.0.1", 0, token, processes=args.processes
+            )
+        except (DeploymentError, StorageError, HelperError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
         api_url = engine_server.url

@@ -1,13 +1,16 @@
 """The console's facade: the embedded and the REST backend answer the same, on one engine.
 
 The REST backend talks to the real API (`engine.server.api.make_app`) over HTTP on a
-loopback port; both backends see the same engine, so every answer must be equal.
+loopback port; both backends see the same engine, so every answer must be equal. The
+engine is one process, and (slow) two processes with a SQLite shard each: the answers
+are then merged from both files (`engine.storage.sharded`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,17 +21,30 @@ from engine.engine import Engine
 from engine.server.api import make_app
 from obelisk_tui.backend import EmbeddedBackend, RestBackend
 from obelisk_tui.model import ExecutionQuery
-from tests.console.conftest import APPROVE, FANOUT, STEP
+from tests.console.conftest import APPROVE, FANOUT, STEP, write_deployment
 
 TOKEN = "console-test-token"
 
 
+@pytest.fixture(
+    params=[1, pytest.param(2, marks=pytest.mark.slow)], ids=["one-process", "two-shards"]
+)
+async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
+    engine = await Engine.start(
+        write_deployment(tmp_path), tmp_path / "data", processes=request.param
+    )
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
 @pytest.fixture
-async def backends(console_engine: Engine) -> AsyncIterator[tuple[EmbeddedBackend, RestBackend]]:
-    server = TestServer(make_app(console_engine, TOKEN))
+async def backends(engine: Engine) -> AsyncIterator[tuple[EmbeddedBackend, RestBackend]]:
+    server = TestServer(make_app(engine, TOKEN))
     await server.start_server()
     rest = await RestBackend.connect(str(server.make_url("")), TOKEN)
-    embedded = EmbeddedBackend(console_engine, label="embedded", owns_engine=False)
+    embedded = EmbeddedBackend(engine, label="embedded", owns_engine=False)
     try:
         yield embedded, rest
     finally:
@@ -45,9 +61,8 @@ async def both(backends: tuple[EmbeddedBackend, RestBackend], method: str, *args
 
 
 async def test_reads_are_the_same_through_both(
-    console_engine: Engine, backends: tuple[EmbeddedBackend, RestBackend]
+    engine: Engine, backends: tuple[EmbeddedBackend, RestBackend]
 ) -> None:
-    engine = console_engine
     fan = await engine.submit(FANOUT, [2])
     await engine.result(fan, timeout=30)
     await engine.submit(APPROVE, ["x"])
@@ -90,7 +105,7 @@ async def test_reads_are_the_same_through_both(
 
 
 async def test_commands_and_refusals_are_the_same_through_both(
-    console_engine: Engine, backends: tuple[EmbeddedBackend, RestBackend]
+    engine: Engine, backends: tuple[EmbeddedBackend, RestBackend]
 ) -> None:
     embedded, rest = backends
     for backend in (embedded, rest):
@@ -120,14 +135,14 @@ async def test_commands_and_refusals_are_the_same_through_both(
 
 
 async def test_long_polls_answer_on_change(
-    console_engine: Engine, backends: tuple[EmbeddedBackend, RestBackend]
+    engine: Engine, backends: tuple[EmbeddedBackend, RestBackend]
 ) -> None:
     generation = await both(backends, "wait_changed", -1, 1.0)
     assert await both(backends, "wait_changed", generation, 0.05) == generation  # no change
     waiting = [asyncio.ensure_future(b.wait_changed(generation, 10.0)) for b in backends]
     await asyncio.sleep(0.05)
     assert not any(w.done() for w in waiting)
-    await console_engine.submit(APPROVE, ["w"])
+    await engine.submit(APPROVE, ["w"])
     for w in waiting:
         assert await asyncio.wait_for(w, 10) > generation
     reload = (await both(backends, "deployment"))["reload"]["generation"]

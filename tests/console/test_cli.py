@@ -34,6 +34,11 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
         (["--deployment", "missing.toml"], "missing.toml: deployment file not found"),
         ([], "give --deployment FILE, --demo or --attach URL"),
         (["--serve", "--serve-listen", "nowhere"], "--serve-listen: expected HOST:PORT"),
+        (["--demo", "--processes", "0"], "--processes: must be from 1 to 64, not 0"),
+        (
+            ["--attach", "http://127.0.0.1:9", "--processes", "2"],
+            "--processes is for an embedded engine (--demo, --deployment)",
+        ),
     ],
 )
 def test_mistakes_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
