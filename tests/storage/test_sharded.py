@@ -31,6 +31,7 @@ from engine.storage.sqlite import SqliteStorage
 
 from .conftest import OTHER_FFQN, WORKFLOW_FFQN, at, create_request
 from .test_contract import OK42, BlockedParent, _list_fixture, create, finish, lock
+from .test_sqlite_shared import _sleeping_workflow
 
 pytestmark = pytest.mark.skipif(not sqlite_peers.supported(), reason="the peer bus is Linux-only")
 
@@ -137,6 +138,14 @@ async def test_reads_and_commands_reach_the_shard_of_a_child(shards: Shards) -> 
     [response] = await owner.get_responses(blocked.parent)
     assert isinstance(response.response, ev.ChildExecutionFinished)
     assert response.response.child_execution_id == child
+
+
+async def test_a_delay_is_cancelled_in_the_shard_of_its_workflow(shards: Shards) -> None:
+    parent, response = await _sleeping_workflow(shards.owners[1])
+    summary = await shards.sharded.cancel_delay(response.delay_id, at(5))
+    assert summary.responses == 1
+    [stored] = await shards.owners[1].get_responses(parent)
+    assert stored.response == ev.DelayFinished(response.delay_id, response.join_set_id, "cancelled")
 
 
 # -- the peer bus between the owner and the observer ----------------------------------------
