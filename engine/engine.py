@@ -6,8 +6,11 @@ The REST API, the CLI's server and the console all drive the engine through `Eng
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import shutil
+import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -125,9 +128,10 @@ class Engine:
         if processes < 1:
             raise ValueError(f"processes must be at least 1, not {processes}")
         data = Path(data_dir)
-        shards = 1
+        shards = existing = 1
         if not database_url and shard is None:
-            shards = max(processes, existing_shards(data))
+            existing = existing_shards(data)
+            shards = max(processes, existing)
             processes = shards
         deployment = load_deployment(deployment_path)
         try:  # the compiled cache (and the SQLite database) live there
@@ -162,6 +166,7 @@ class Engine:
         except BaseException:
             if split:  # nothing started: the caller's thread gets its CPUs back
                 affinity.configure("off")
+            _remove_new_shards(data, existing, shards)
             raise
         engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine, own_storage=own)
         engine._split_threads = split
@@ -173,9 +178,9 @@ class Engine:
             engine.watcher.start()
             engine.canceller.start()
         await engine.reloader.start(watch=watch)
-        if processes > 1:
+        if processes > 1 and run_executors:
             # Once this one has opened (and migrated) the database.
-            engine.helpers = Helpers(
+            engine.helpers = helpers = Helpers(
                 Path(deployment_path).resolve(),
                 data.resolve(),
                 cpus if split else None,
@@ -184,10 +189,14 @@ class Engine:
                 sharded=shards > 1,
             )
             try:
-                await engine.helpers.start()
+                await helpers.start()
             except BaseException:
                 await engine.stop()
+                _remove_new_shards(data, existing, shards)
                 raise
+            if isinstance(storage, ShardedStorage):
+                # New submissions skip a shard whose process is down (being restarted).
+                storage.available = lambda index: index == 0 or helpers.alive(index - 1)
         return engine
 
     @property
@@ -407,6 +416,25 @@ async def _open_sqlite(data: Path, shard: int | None, shards: int) -> tuple[Stor
     if shards == 1:
         return own, own
     return ShardedStorage(opened), own
+
+
+def _remove_new_shards(data: Path, first: int, count: int) -> None:
+    """After a failed start: the shard files it made (`first` to `count` - 1), unless
+    something was written there, so that the next start does not need their processes."""
+    for index in range(first, count):
+        path = shard_path(data, index)
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+                (n,) = conn.execute("SELECT count(*) FROM executions").fetchone()
+        except sqlite3.Error:
+            n = 0  # not even migrated
+        if n:
+            continue
+        for extra in ("", "-wal", "-shm", "-journal", "-write-lock"):
+            with contextlib.suppress(OSError):
+                Path(f"{path}{extra}").unlink()
+        for directory in ("-peers", "-executors"):
+            shutil.rmtree(f"{path}{directory}", ignore_errors=True)
 
 
 __all__ = ["Engine", "NotFound"]

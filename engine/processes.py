@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import contextlib
 import logging
 import os
@@ -38,6 +39,8 @@ log = logging.getLogger("obelisk.processes")
 START_TIMEOUT = 120.0
 #: How long a stopping helper gets before it is killed.
 STOP_TIMEOUT = 15.0
+#: How a helper process is started (its arguments follow).
+HELPER_COMMAND = [sys.executable, "-m", "engine.processes"]
 #: The database URL of a helper (PostgreSQL; empty: SQLite in the data dir).
 _DATABASE_ENV = "OBELISK_HELPER_DATABASE_URL"
 
@@ -97,6 +100,12 @@ class Helpers:
         self.procs: list[asyncio.subprocess.Process | None] = [None] * count
         self._stopping = False
         self._watchers: list[asyncio.Task[None]] = []
+        self._forwarders: set[asyncio.Task[None]] = set()
+
+    def alive(self, index: int) -> bool:
+        """Whether helper `index` (from 0) is running."""
+        proc = self.procs[index] if 0 <= index < len(self.procs) else None
+        return proc is not None and proc.returncode is None
 
     @property
     def pids(self) -> list[int]:
@@ -117,9 +126,7 @@ class Helpers:
     async def _spawn(self, index: int) -> None:
         cpus = self.cpus[index + 1] if self.cpus else None
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "engine.processes",
+            *HELPER_COMMAND,
             "--deployment",
             str(self.deployment),
             "--data-dir",
@@ -131,10 +138,14 @@ class Helpers:
             logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=None,  # its log lines go where this process's go
+            stderr=asyncio.subprocess.PIPE,  # its log lines go where this process's go
             env={**os.environ, _DATABASE_ENV: self.database_url or ""},
         )
         self.procs[index] = proc
+        assert proc.stderr is not None
+        task = asyncio.create_task(_forward_log_lines(proc.stderr), name="helper log lines")
+        self._forwarders.add(task)
+        task.add_done_callback(self._forwarders.discard)
         assert proc.stdout is not None
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT)
@@ -197,6 +208,27 @@ class Helpers:
                 log.warning("engine helper (pid %d) did not stop: killed", proc.pid)
                 proc.kill()
                 await proc.wait()
+        if self._forwarders:  # their last lines (at the end of their stderr)
+            await asyncio.wait(set(self._forwarders), timeout=5)
+        for task in list(self._forwarders):
+            task.cancel()
+
+
+async def _forward_log_lines(stream: asyncio.StreamReader) -> None:
+    """A helper's stderr (its log lines, formatted by it) to where this process's log
+    lines go: its root logger's streams (the console's log file, not the screen), or
+    stderr when logging is not set up."""
+    # Chunks, not lines: a line of any length must not stop the forwarding (the helper
+    # would block on a full pipe).
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    while chunk := await stream.read(65536):
+        text = decoder.decode(chunk)
+        handlers = logging.getLogger().handlers
+        streams = [h.stream for h in handlers if isinstance(h, logging.StreamHandler)]
+        for target in streams or [sys.stderr]:
+            with contextlib.suppress(Exception):  # a closed stream: the line is lost
+                target.write(text)
+                target.flush()
 
 
 # -- the helper process --------------------------------------------------------------------

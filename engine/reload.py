@@ -648,7 +648,8 @@ class ReloadManager:
         if wanted == []:
             return []
         try:
-            rows = await self.engine.own_storage.unfinished_executions(wanted)
+            # Every shard's (`engine.storage`): a report, not this process's work.
+            rows = await self.engine.storage.unfinished_executions(wanted)
         except StorageError as e:
             log.error("counting executions of removed functions: %s", e)
             return []

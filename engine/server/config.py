@@ -38,7 +38,11 @@ class DatabaseChoice:
 
     def describe(self, data_dir: Path) -> str:
         if self.url is None:
-            return f"SQLite {data_dir / 'obelisk.sqlite'}"
+            from engine.storage.sharded import existing_shards
+
+            shards = existing_shards(data_dir)
+            more = f" and {shards - 1} more shard(s)" if shards > 1 else ""
+            return f"SQLite {data_dir / 'obelisk.sqlite'}{more}"
         return f"{parse_dsn(self.url).description} (from {self.source})"
 
 

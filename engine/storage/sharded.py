@@ -25,8 +25,8 @@ work of one. So `Engine.start(processes=N)` on SQLite keeps the executions in N 
   the observer's waiters (results, the console's change feed) the same way.
 
 The methods that do a process's work — locking due executions, timers, leases,
-cancellation listeners, inboxes, upgrades' `unfinished_executions` — act on this
-process's own shard (`own`): the engine gives its executors that storage directly.
+cancellation listeners, inboxes — act on this process's own shard (`own`): the engine
+gives its executors, watcher and upgrades that storage directly.
 """
 
 from __future__ import annotations
@@ -124,17 +124,25 @@ class ShardedStorage:
         self._turn = 0
         #: Ids from `generate_id` not created yet: new, so no other shard has them.
         self._fresh: set[str] = set()
+        #: Whether shard i's process is up (the engine sets it): `generate_id` skips
+        #: the others while they are being restarted.
+        self.available: Callable[[int], bool] = lambda index: True
         self._feed = _MergedFeed([s.changes() for s in self.shards])
 
     async def close(self) -> None:
-        for shard in self.shards:
-            await shard.close()
+        # Every one, whatever the others do.
+        outcomes = await asyncio.gather(*(s.close() for s in self.shards), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     # -- where an execution lives ----------------------------------------------------------
     def generate_id(self) -> ExecutionId:
-        """A new top-level id whose home is the next shard in turn."""
-        wanted = self._turn
-        self._turn = (self._turn + 1) % len(self.shards)
+        """A new top-level id whose home is the next shard in turn (of those whose
+        process is up; the own shard when none is)."""
+        n = len(self.shards)
+        wanted = next((i for i in ((self._turn + k) % n for k in range(n)) if self.available(i)), 0)
+        self._turn = (wanted + 1) % n
         while True:
             eid = ExecutionId.generate()
             if home_shard(str(eid), len(self.shards)) == wanted:
@@ -317,11 +325,6 @@ class ShardedStorage:
     async def forget_executors(self, executor_ids: set[str]) -> None:
         await self.own.forget_executors(executor_ids)
 
-    async def unfinished_executions(
-        self, ffqns: Sequence[str] | None = None, *, pinned_only: bool = False
-    ) -> list[UnfinishedExecution]:
-        return await self.own.unfinished_executions(ffqns, pinned_only=pinned_only)
-
     async def wait_for_pending(self, ffqns: Sequence[str], timeout: float) -> None:
         await self.own.wait_for_pending(ffqns, timeout)
 
@@ -446,6 +449,16 @@ class ShardedStorage:
             flt = dataclasses.replace(flt, before_created_at=cursor.created_at)
         counts = await asyncio.gather(*(s.count_executions(flt) for s in self.shards))
         return sum(counts)
+
+    async def unfinished_executions(
+        self, ffqns: Sequence[str] | None = None, *, pinned_only: bool = False
+    ) -> list[UnfinishedExecution]:
+        """Every shard's (a report: upgrades and pinned versions, the work, read their
+        own shard's through `own`)."""
+        parts = await asyncio.gather(
+            *(s.unfinished_executions(ffqns, pinned_only=pinned_only) for s in self.shards)
+        )
+        return sorted(row for part in parts for row in part)
 
     async def count_by_state(self) -> dict[str, int]:
         total: dict[str, int] = {}

@@ -5,16 +5,19 @@ die, stopped with the engine. Real processes: marked slow."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
 
 import pytest
 
+from engine import processes
 from engine.core import events as ev
 from engine.engine import Engine
 from engine.processes import HelperError, Helpers
 from engine.storage.contract import ListFilter
+from engine.storage.sharded import ShardedStorage, existing_shards
 from tests.engine.test_shared_sqlite import SERIAL, serial_deployment
 from tests.engine.test_workflow_semantics import checked_log, wait_until
 from tests.pg_cluster import drop_schema, schema_dsn
@@ -145,3 +148,55 @@ async def test_processes_must_be_at_least_one(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="processes must be at least 1, not 0"):
         await Engine.start(serial_deployment(tmp_path), tmp_path / "data", processes=0)
     assert not (tmp_path / "data").exists()  # nothing was started
+
+
+async def test_a_failed_start_leaves_no_shard_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Else every later start, even with one process, would need a helper again."""
+    monkeypatch.setattr(processes, "HELPER_COMMAND", ["false"])
+    deployment = serial_deployment(tmp_path)
+    with pytest.raises(HelperError, match="engine helper 1 exited with 1"):
+        await Engine.start(deployment, tmp_path / "data", processes=2)
+    assert existing_shards(tmp_path / "data") == 1
+    assert sorted(p.name for p in (tmp_path / "data").iterdir() if "shard" in p.name) == []
+    engine = await Engine.start(deployment, tmp_path / "data")
+    try:
+        assert engine.helpers is None
+        eid = await engine.submit(SERIAL, [2])
+        assert await engine.result(eid, 60) == ev.ResultOk("1")
+    finally:
+        await engine.stop()
+
+
+async def test_an_engine_that_runs_no_executors_starts_no_helper(tmp_path: Path) -> None:
+    engine = await Engine.start(
+        serial_deployment(tmp_path), tmp_path / "data", processes=2, run_executors=False
+    )
+    try:
+        assert engine.helpers is None
+        assert isinstance(engine.storage, ShardedStorage)  # it reads both shards
+    finally:
+        await engine.stop()
+
+
+async def test_helper_log_lines_go_where_this_processs_go(tmp_path: Path) -> None:
+    """The console logs to a file (the terminal is its screen): so do its helpers."""
+    log_file = tmp_path / "console.log"
+    handler = logging.FileHandler(log_file)
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)  # as the console's: helpers log at this level
+    try:
+        engine = await Engine.start(serial_deployment(tmp_path), tmp_path / "data", processes=2)
+        try:
+            assert engine.helpers is not None
+            [pid] = engine.helpers.pids
+        finally:
+            await engine.stop()
+    finally:
+        root.handlers[:] = saved
+        root.setLevel(level)
+        handler.close()
+    assert f"[helper {pid}]: executor" in log_file.read_text()

@@ -89,6 +89,15 @@ async def test_generated_ids_take_the_shards_in_turn(shards: Shards) -> None:
     assert (await shards.sharded.count_by_state())["pending_at"] == 6
 
 
+async def test_a_shard_whose_process_is_down_gets_no_new_submissions(shards: Shards) -> None:
+    shards.sharded.available = lambda index: index != 1
+    assert {home_shard(str(shards.sharded.generate_id()), 2) for _ in range(4)} == {0}
+    shards.sharded.available = lambda index: False  # then the own shard
+    assert home_shard(str(shards.sharded.generate_id()), 2) == 0
+    shards.sharded.available = lambda index: True
+    assert [home_shard(str(shards.sharded.generate_id()), 2) for _ in range(2)] == [1, 0]
+
+
 async def test_a_submitted_id_goes_home_and_a_second_submit_finds_it(shards: Shards) -> None:
     eid = _top_level_with_home(1)
     request = create_request(eid)
@@ -286,6 +295,17 @@ async def test_counts_by_state_add_up(shards: Shards) -> None:
         "pending_at": 10,
         "blocked_by_join_set": 2,
     }
+
+
+async def test_unfinished_executions_are_every_shards(shards: Shards) -> None:
+    """A report (orphaned functions in the reload status); upgrades use their own."""
+    await _spread(shards)
+    want = []
+    for owner in shards.owners:
+        want += await owner.unfinished_executions([OTHER_FFQN])
+    want.sort()
+    assert len(want) == 8
+    assert await shards.sharded.unfinished_executions([OTHER_FFQN]) == want
 
 
 async def test_component_sources_are_found_in_any_shard(shards: Shards) -> None:
