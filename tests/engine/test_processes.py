@@ -112,6 +112,41 @@ async def test_a_helper_that_dies_is_started_again(tmp_path: Path) -> None:
         await engine.stop()
 
 
+async def test_workflows_in_a_helpers_shard_survive_its_sigkill(tmp_path: Path) -> None:
+    """Killed mid-run, the helper is started again; its shard's workflows finish with
+    the results of an uninterrupted run, each log a legal sequence, no child twice."""
+    engine = await Engine.start(serial_deployment(tmp_path), tmp_path / "data", processes=2)
+    try:
+        assert engine.helpers is not None
+        [first] = engine.helpers.pids
+        ids = await asyncio.gather(*(engine.submit(SERIAL, [40]) for _ in range(16)))
+        shard1 = engine.storage.shards[1]  # type: ignore[attr-defined]
+
+        async def progressed() -> bool:
+            flt = ListFilter(states=["finished"], limit=1000)
+            return await shard1.count_executions(flt) >= 20  # children, mid-way
+
+        await wait_until(progressed, 60, "work in the helper's shard")
+        running = ListFilter(hide_finished=True, top_level_only=True)
+        assert await shard1.count_executions(running) > 0  # killed mid-run
+        os.kill(first, signal.SIGKILL)
+        results = await asyncio.gather(*(engine.result(eid, 120) for eid in ids))
+        assert results == [ev.ResultOk("780")] * 16
+        assert engine.helpers.pids != [first]
+        for eid in ids:
+            events = await checked_log(engine, eid)
+            children = [
+                e.event.event.request.child_execution_id  # type: ignore[union-attr]
+                for e in events
+                if isinstance(e.event, ev.HistoryEvent)
+                and isinstance(e.event.event, ev.JoinSetRequest)
+                and isinstance(e.event.event.request, ev.ChildExecutionRequest)
+            ]
+            assert len(children) == len(set(children)) == 40
+    finally:
+        await engine.stop()
+
+
 async def test_a_helper_that_cannot_start_says_why(tmp_path: Path) -> None:
     helpers = Helpers(tmp_path / "missing.toml", tmp_path / "data", None, 1)
     with pytest.raises(HelperError, match=r"engine helper 1 could not start: .*missing\.toml"):
