@@ -625,7 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N|auto",
         help="engine processes sharing the work (default 1; auto: one per CPU): one "
-        "Python process computes on one CPU at a time, so more use more CPUs",
+        "Python process computes on one CPU at a time, so more use more CPUs. With SQLite "
+        "each keeps its executions in a file of its own (a shard), for good: the data dir "
+        "is served by as many processes from then on",
     )
     run.set_defaults(handler=cmd_server_run)
     verify = server_sub.add_parser(

@@ -263,7 +263,8 @@ def run_server(
 ) -> int:
     """Run until SIGINT/SIGTERM; returns the process exit code. The process is the
     server's: its threads are placed (`engine.affinity`) unless `cpu_affinity="off"`.
-    `processes` > 1: that many engine processes on the database (`engine.processes`)."""
+    `processes` > 1: that many engine processes (`engine.processes`; with SQLite, a
+    shard of the data dir each: `engine.storage.sharded`)."""
     out = out or sys.stdout
     env = os.environ if environ is None else environ
     try:
