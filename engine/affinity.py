@@ -16,10 +16,14 @@ their creator's), so it is for whoever owns the process: `obelisk server run` sp
 default; an embedding application opts in with `Engine.start(cpu_affinity="split")`.
 Linux only (`os.sched_setaffinity`); elsewhere, or with fewer than two allowed CPUs, it
 does nothing.
+
+Several engine processes (`engine.processes`) get a CPU each: `process_cpus`, and
+`parse_processes` reads `--processes N|auto` (light: the CLIs import it at start).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import threading
@@ -93,6 +97,31 @@ def cpus_of(role: Role) -> set[int] | None:
     """The CPUs of `role` threads (None: not placed)."""
     found = _cpus.get(role)
     return None if found is None else set(found)
+
+
+def process_cpus(count: int) -> list[set[int]] | None:
+    """The CPU of each of `count` engine processes (the first is the calling one), or
+    None when CPUs cannot be placed here (not Linux)."""
+    allowed = _allowed()
+    if allowed is None:
+        return None
+    ordered = sorted(allowed)
+    return [{ordered[i % len(ordered)]} for i in range(count)]
+
+
+def parse_processes(text: str) -> int:
+    """A `--processes` value (an argparse `type`): a count from 1 to 64, or `auto` (one
+    per CPU this process may use)."""
+    if text == "auto":
+        allowed = _allowed()
+        return max(1, len(allowed) if allowed else os.cpu_count() or 1)
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or auto: {text!r}") from None
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 64, not {n}")
+    return n
 
 
 def _allowed() -> set[int] | None:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
+from engine.affinity import parse_processes
 from engine.client import (
     DEFAULT_API_URL,
     ApiClient,
@@ -245,16 +246,6 @@ def _parse_json_arg(text: str, what: str) -> Any:
     except ValueError as e:  # UnicodeEncodeError included
         raise UsageError(f"{what} is not valid JSON: {e}") from None
     return value
-
-
-def _processes(text: str) -> int:
-    """`--processes`: a count from 1, or auto (the CPUs this process may use)."""
-    from engine.processes import parse_processes
-
-    try:
-        return parse_processes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def cmd_server_run(args: argparse.Namespace) -> int:
@@ -621,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--processes",
-        type=_processes,
+        type=parse_processes,
         default=1,
         metavar="N|auto",
         help="engine processes sharing the work (default 1; auto: one per CPU): one "

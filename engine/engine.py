@@ -6,11 +6,8 @@ The REST API, the CLI's server and the console all drive the engine through `Eng
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import shutil
-import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +22,6 @@ from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
 from engine.executor import ActivityExecutor, BaseExecutor, TimersWatcher
 from engine.processes import Helpers
-from engine.processes import cpus_for as processes_cpus
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
 from engine.storage.contract import (
     CreateRequest,
@@ -34,8 +30,12 @@ from engine.storage.contract import (
     StorageError,
     VersionConflict,
 )
-from engine.storage.sharded import ShardedStorage, existing_shards, shard_path
-from engine.storage.sqlite import SqliteStorage
+from engine.storage.sharded import (
+    ShardedStorage,
+    existing_shards,
+    open_shards,
+    remove_empty_shards,
+)
 from engine.workers.pool import RunPool
 from engine.workflow.cancellation import CancellationDriver
 from engine.workflow.executor import WorkflowExecutor
@@ -141,7 +141,7 @@ class Engine:
         wasm_engine = WasmEngine()
         registry = await load_registry(deployment, wasm_engine, data / "cache")
         # After compiling (its threads keep every CPU), before the storage's writer.
-        cpus = processes_cpus(processes) if processes > 1 else None
+        cpus = affinity.process_cpus(processes) if processes > 1 else None
         if cpus is not None and cpu_affinity == "split":
             split = affinity.configure_one(cpus[0])
         else:
@@ -154,7 +154,7 @@ class Engine:
 
                 storage = own = await PostgresStorage.open(database_url)
             else:
-                storage, own = await _open_sqlite(data, shard, shards)
+                storage, own = await open_shards(data, shard, shards)
             try:
                 # Kept by digest: backtraces show their lines even after the file changed.
                 from engine.workflow.backtraces import save_component_sources, source_saver
@@ -166,7 +166,7 @@ class Engine:
         except BaseException:
             if split:  # nothing started: the caller's thread gets its CPUs back
                 affinity.configure("off")
-            _remove_new_shards(data, existing, shards)
+            remove_empty_shards(data, existing, shards)
             raise
         engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine, own_storage=own)
         engine._split_threads = split
@@ -192,7 +192,7 @@ class Engine:
                 await helpers.start()
             except BaseException:
                 await engine.stop()
-                _remove_new_shards(data, existing, shards)
+                remove_empty_shards(data, existing, shards)
                 raise
             if isinstance(storage, ShardedStorage):
                 # New submissions skip a shard whose process is down (being restarted).
@@ -396,45 +396,6 @@ class Engine:
 
     async def result(self, execution_id: str, timeout: float | None = None) -> ev.ExecutionResult:
         return await self.storage.wait_for_finished(execution_id, timeout)
-
-
-async def _open_sqlite(data: Path, shard: int | None, shards: int) -> tuple[Storage, Storage]:
-    """(every execution, this process's own) of a SQLite data dir: one file, the shard
-    of a helper, or the first shard and the others opened as an observer."""
-    if shard is not None:
-        own = await SqliteStorage.open(shard_path(data, shard))
-        return own, own
-    own = await SqliteStorage.open(shard_path(data, 0))
-    opened: list[Storage] = [own]
-    try:
-        for index in range(1, shards):
-            opened.append(await SqliteStorage.open(shard_path(data, index), observer=True))
-    except BaseException:
-        for s in opened:
-            await s.close()
-        raise
-    if shards == 1:
-        return own, own
-    return ShardedStorage(opened), own
-
-
-def _remove_new_shards(data: Path, first: int, count: int) -> None:
-    """After a failed start: the shard files it made (`first` to `count` - 1), unless
-    something was written there, so that the next start does not need their processes."""
-    for index in range(first, count):
-        path = shard_path(data, index)
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
-                (n,) = conn.execute("SELECT count(*) FROM executions").fetchone()
-        except sqlite3.Error:
-            n = 0  # not even migrated
-        if n:
-            continue
-        for extra in ("", "-wal", "-shm", "-journal", "-write-lock"):
-            with contextlib.suppress(OSError):
-                Path(f"{path}{extra}").unlink()
-        for directory in ("-peers", "-executors"):
-            shutil.rmtree(f"{path}{directory}", ignore_errors=True)
 
 
 __all__ = ["Engine", "NotFound"]

@@ -49,33 +49,6 @@ class HelperError(EngineError):
     """A helper process could not start; the message is what it said."""
 
 
-def parse_processes(text: str) -> int:
-    """A `--processes` value: a count from 1 to 64, or `auto` (one per CPU this process
-    may use). ValueError says what is wrong with it."""
-    if text == "auto":
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except (AttributeError, OSError):
-            return max(1, os.cpu_count() or 1)
-    try:
-        n = int(text)
-    except ValueError:
-        raise ValueError(f"not a number or auto: {text!r}") from None
-    if not 1 <= n <= 64:
-        raise ValueError(f"must be from 1 to 64, not {n}")
-    return n
-
-
-def cpus_for(count: int) -> list[set[int]] | None:
-    """The CPU of each of `count` processes (the first is the calling one), or None
-    when CPUs cannot be placed here (not Linux)."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-    return [{allowed[i % len(allowed)]} for i in range(count)]
-
-
 class Helpers:
     """The helper processes of one engine."""
 
@@ -109,7 +82,7 @@ class Helpers:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p is not None and p.returncode is None]
+        return [p.pid for i, p in enumerate(self.procs) if p is not None and self.alive(i)]
 
     async def start(self) -> None:
         """Start every helper and wait until each has its engine up."""

@@ -21,6 +21,7 @@ import signal
 import sys
 from pathlib import Path
 
+from engine.affinity import parse_processes
 from engine.client import DEFAULT_API_URL
 
 TOKEN_ENV = "OBELISK_API_TOKEN"
@@ -56,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-traffic", action="store_true", help="--demo without generated traffic")
     p.add_argument(
         "--processes",
-        type=_processes,
+        type=parse_processes,
         default=1,
         metavar="N|auto",
         help="embedded: engine processes, each with a SQLite shard and a CPU of its own "
@@ -74,15 +75,6 @@ def parser() -> argparse.ArgumentParser:
         help="with --serve: where browsers connect (default 127.0.0.1:8000)",
     )
     return p
-
-
-def _processes(text: str) -> int:
-    from engine.processes import parse_processes
-
-    try:
-        return parse_processes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _log_to_file(data_dir: Path) -> Path:

@@ -36,6 +36,8 @@ import contextlib
 import dataclasses
 import heapq
 import itertools
+import shutil
+import sqlite3
 import zlib
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -64,6 +66,7 @@ from engine.storage.contract import (
     UnfinishedExecution,
 )
 from engine.storage.notify import ResponseInbox
+from engine.storage.sqlite import SqliteStorage
 from engine.workers.outcome import LogLine
 from engine.workflow.host_api import Frame
 
@@ -87,6 +90,46 @@ def existing_shards(data_dir: Path) -> int:
         if number.isdigit() and int(number) > 0:
             highest = max(highest, int(number))
     return highest + 1
+
+
+async def open_shards(data_dir: Path, shard: int | None, shards: int) -> tuple[Storage, Storage]:
+    """(every execution, this process's own) of a SQLite data dir: one file, the shard
+    of a helper (`shard`), or the first of `shards` and the others as an observer."""
+    if shard is not None:
+        own = await SqliteStorage.open(shard_path(data_dir, shard))
+        return own, own
+    own = await SqliteStorage.open(shard_path(data_dir, 0))
+    opened: list[Storage] = [own]
+    try:
+        for index in range(1, shards):
+            opened.append(await SqliteStorage.open(shard_path(data_dir, index), observer=True))
+    except BaseException:
+        for s in opened:
+            await s.close()
+        raise
+    if shards == 1:
+        return own, own
+    return ShardedStorage(opened), own
+
+
+def remove_empty_shards(data_dir: Path, first: int, count: int) -> None:
+    """After a failed start: remove the shard files it made (`first` to `count` - 1),
+    unless something was written there, so that the next start does not need their
+    processes."""
+    for index in range(first, count):
+        path = shard_path(data_dir, index)
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+                (n,) = conn.execute("SELECT count(*) FROM executions").fetchone()
+        except sqlite3.Error:
+            n = 0  # not even migrated
+        if n:
+            continue
+        for extra in ("", "-wal", "-shm", "-journal", "-write-lock"):
+            with contextlib.suppress(OSError):
+                Path(f"{path}{extra}").unlink()
+        for directory in ("-peers", "-executors"):
+            shutil.rmtree(f"{path}{directory}", ignore_errors=True)
 
 
 def home_shard(execution_id: str, shards: int) -> int:
@@ -401,13 +444,23 @@ class ShardedStorage:
         return None
 
     # -- lists and counts: every shard's, merged ---------------------------------------------
+    async def _cursor_placed(self, flt: ListFilter) -> ListFilter | None:
+        """`flt` with its `before_id` cursor's `created_at` (each shard pages after the
+        pair, whichever holds the row); None for an unknown cursor (as one database:
+        nothing is before it)."""
+        if not flt.before_id or flt.before_created_at is not None:
+            return flt
+        try:
+            cursor = await self.get_row(flt.before_id)
+        except NotFound:
+            return None
+        return dataclasses.replace(flt, before_created_at=cursor.created_at)
+
     async def list_executions(self, flt: ListFilter) -> list[ExecutionRow]:
-        if flt.before_id and flt.before_created_at is None:
-            try:
-                cursor = await self.get_row(flt.before_id)
-            except NotFound:
-                return []  # as one database: nothing is before an unknown row
-            flt = dataclasses.replace(flt, before_created_at=cursor.created_at)
+        placed = await self._cursor_placed(flt)
+        if placed is None:
+            return []
+        flt = placed
         # Each shard's first offset + limit rows hold the page of the merged order.
         per_shard = dataclasses.replace(
             flt, limit=flt.offset + flt.limit, offset=0, with_extras=False
@@ -441,20 +494,17 @@ class ShardedStorage:
         return [filled.get(row.execution_id, row) for row, _ in rows]
 
     async def count_executions(self, flt: ListFilter) -> int:
-        if flt.before_id and flt.before_created_at is None:
-            try:
-                cursor = await self.get_row(flt.before_id)
-            except NotFound:
-                return 0
-            flt = dataclasses.replace(flt, before_created_at=cursor.created_at)
-        counts = await asyncio.gather(*(s.count_executions(flt) for s in self.shards))
+        placed = await self._cursor_placed(flt)
+        if placed is None:
+            return 0
+        counts = await asyncio.gather(*(s.count_executions(placed) for s in self.shards))
         return sum(counts)
 
     async def unfinished_executions(
         self, ffqns: Sequence[str] | None = None, *, pinned_only: bool = False
     ) -> list[UnfinishedExecution]:
-        """Every shard's (a report: upgrades and pinned versions, the work, read their
-        own shard's through `own`)."""
+        """Every shard's: for reports (orphaned functions). Upgrades, this process's
+        work, read their own shard's through `own`."""
         parts = await asyncio.gather(
             *(s.unfinished_executions(ffqns, pinned_only=pinned_only) for s in self.shards)
         )
@@ -501,5 +551,7 @@ __all__ = [
     "ShardedStorage",
     "existing_shards",
     "home_shard",
+    "open_shards",
+    "remove_empty_shards",
     "shard_path",
 ]

@@ -808,21 +808,15 @@ class SqliteStorage:
         self.notifier.changed()
 
     async def _announce_finished(self, ids: list[str]) -> None:
-        """Local waiters of results another process finished (one read per 500)."""
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            try:
-                rows = await self._reader.execute_fetchall(
-                    "SELECT execution_id, summary FROM executions WHERE state = 'finished' "
-                    f"AND execution_id IN ({','.join('?' * len(chunk))})",
-                    chunk,
-                )
-            except (sqlite3.Error, ValueError):  # closing: the re-check poller tries again
-                return
-            for execution_id, blob in rows:
-                s = _summary_decoder.decode(blob)
-                if s.result is not None:
-                    self.notifier.finished(execution_id, s.result)
+        """Local waiters of results another process finished (read together: one query
+        per 500, `_get_summary_batched`)."""
+        summaries = await asyncio.gather(
+            *(self._get_summary_batched(e) for e in ids), return_exceptions=True
+        )
+        for execution_id, s in zip(ids, summaries, strict=True):
+            # (A failed read, e.g. while closing: the re-check poller tries again.)
+            if isinstance(s, ExecutionSummary) and s.result is not None:
+                self.notifier.finished(execution_id, s.result)
 
     # -- writes -----------------------------------------------------------------------
     async def create(self, request: CreateRequest, now: datetime) -> None:
