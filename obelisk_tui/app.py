@@ -9,16 +9,23 @@ generation, throttled, forwarded to the current screen as `DataChanged`), a one-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from textual import work
+from textual._context import active_message_pump
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.dom import DOMNode
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import LoadingIndicator, Static
+from textual.worker import WorkerFailed
 
 from engine.client import ApiError, ServerUnreachable, upgrades_unchecked
 from engine.gc_tuning import tune_gc
@@ -29,6 +36,8 @@ from obelisk_tui.screens.components import reload_summary
 
 #: At most this many refreshes per second, however fast executions flow.
 MAX_REFRESH_HZ = 2.0
+
+log = logging.getLogger("obelisk.console")
 
 
 class ConnectingScreen(Screen[None]):
@@ -84,6 +93,9 @@ class ObeliskApp(App[None]):
         self.closers: list[Callable[[], Awaitable[None]]] = []
         self._refresh_wanted = asyncio.Event()
         self._last_refresh = 0.0
+        #: Exceptions of screens that the console survived (`_handle_exception`): each
+        #: was logged and shown. Tests assert it stays empty.
+        self.screen_errors: list[BaseException] = []
 
     # -- start and stop ------------------------------------------------------------------
     async def on_mount(self) -> None:
@@ -119,6 +131,56 @@ class ObeliskApp(App[None]):
             await close()
         if self.backend is not None:
             await self.backend.close()
+
+    # -- a bug in a screen is not the end of the engine ---------------------------------
+    def _handle_exception(self, error: Exception) -> None:
+        """Textual's handler of any unhandled exception, which exits the app: with an
+        embedded engine, that would stop the engine over a screen's bug. Once connected,
+        an exception of a screen (its worker, timer, handler or action) is logged with its
+        traceback, shown, and the screen whose message loop it broke is closed; the app
+        and its engine keep running. Before the connection, and for the app's own loop,
+        Textual's handling stands (nothing else can carry on)."""
+        if self.backend is None or self._exit:
+            super()._handle_exception(error)
+            return
+        cause = error.error if isinstance(error, WorkerFailed) else error
+        pump = active_message_pump.get(None)
+        broken = pump if isinstance(pump, DOMNode) and pump is not self else None
+        if isinstance(error, WorkerFailed) or broken is not None:
+            self._survive(cause, broken)
+            return
+        super()._handle_exception(error)
+
+    async def _dispatch_action(self, namespace: DOMNode, action_name: str, params: Any) -> bool:
+        """Actions run in the app's own message loop, which an exception would end:
+        a screen's or a widget's action that raises is survived as `_handle_exception`
+        does, the app's own actions are not."""
+        if namespace is self or self.backend is None:
+            return await super()._dispatch_action(namespace, action_name, params)
+        try:
+            return await super()._dispatch_action(namespace, action_name, params)
+        except Exception as e:
+            self._survive(e, None)
+            return True
+
+    def _survive(self, error: BaseException, broken: DOMNode | None) -> None:
+        self.screen_errors.append(error)
+        where = type(broken).__name__ if broken is not None else type(self.screen).__name__
+        log.error("the console survived an error in %s", where, exc_info=error)
+        self.notify(
+            f"{type(error).__name__}: {error}\n(in {where}; logged, the engine keeps running)",
+            title="console error",
+            severity="error",
+            timeout=10,
+        )
+        # A widget whose message loop ended handles nothing more: its screen goes.
+        screen = broken if isinstance(broken, Screen) else None
+        if isinstance(broken, Widget) and not isinstance(broken, Screen):
+            with contextlib.suppress(Exception):
+                screen = broken.screen
+        if screen is not None and screen is self.screen and len(self.screen_stack) > 1:
+            with contextlib.suppress(Exception):
+                self.pop_screen()
 
     # -- live refresh --------------------------------------------------------------------
     def request_refresh(self) -> None:

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
+from textual.dom import DOMNode
+
 if TYPE_CHECKING:
     from textual.app import App
 
     from obelisk_tui.app import ObeliskApp
+
+
+def is_live(node: DOMNode) -> bool:
+    """Whether `node` is attached and not being torn down. A screen popped while one of
+    its workers awaited the engine is pruned child by child: for a while it is still
+    attached but its widgets are gone, and a worker that resumes then must write nothing
+    (Textual cancels it only at its next await)."""
+    return node.is_attached and not (node._closing or node._closed or node._pruning)
 
 
 class ObeliskScreenMixin:
@@ -18,3 +28,9 @@ class ObeliskScreenMixin:
     @property
     def obelisk(self) -> ObeliskApp:
         return cast("ObeliskApp", self.app)
+
+    @property
+    def is_live(self) -> bool:
+        """Attached and not being torn down: workers check it after every await before
+        they touch a widget (`is_live`)."""
+        return is_live(cast(DOMNode, self))

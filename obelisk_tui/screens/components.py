@@ -163,7 +163,7 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
             deployment = await self.obelisk.backend.deployment()
         except ApiError as e:
             self.obelisk.report_error(e)
-            if self.deployment is None and self.is_attached:  # nothing shown yet: say why
+            if self.deployment is None and self.is_live:  # nothing shown yet: say why
                 # Only an unreachable server is retried (when it answers again); other
                 # errors (a rejected token, say) reload with the next change or `r`.
                 retry = "retrying" if e.status is None else "r to retry"
@@ -171,7 +171,7 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
                     Text(f"cannot read the deployment: {e.message} ({retry})", "#e0606a")
                 )
             return
-        if self.is_attached:
+        if self.is_live:
             self.show(deployment)
 
     def show(self, deployment: DeploymentInfo) -> None:

@@ -163,22 +163,27 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
                     info = await backend.status(eid)
                 self.steps = self._timeline.update(self.events, self.responses)
             self.info = info
+            if not self.is_live:
+                return
             tab = self.active_tab
             if tab == "children":
                 descendants = await backend.descendants(eid)
-                self.query_one(ChildrenTree).show(eid, descendants, self.events, self.responses)
+                if self.is_live:
+                    self.query_one(ChildrenTree).show(eid, descendants, self.events, self.responses)
             elif tab == "logs":
                 view = self.query_one(LogView)
-                view.extend(await backend.logs(eid, view.last_id))
+                lines = await backend.logs(eid, view.last_id)
+                if self.is_live:
+                    view.extend(lines)
         except ApiError as e:
-            if not self.is_attached:
+            if not self.is_live:
                 return
             if e.status == 404:
                 self.query_one("#detail-title", Static).update(Text(f" {e.message}", "bold red"))
                 return
             self.obelisk.report_error(e)
             return
-        if self.is_attached:  # not when the screen was closed while we waited
+        if self.is_live:  # not when the screen was closed (or is closing) while we waited
             self._show()
 
     def _show(self) -> None:
@@ -266,7 +271,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         except ApiError as e:
             self.obelisk.report_error(e)
             return
-        if self.is_attached:
+        if self.is_live:
             self.query_one(SourceView).show_backtrace(bt, source)
 
     # -- navigation ----------------------------------------------------------------------

@@ -90,7 +90,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
             self.obelisk.report_error(e)
             return
         bar = self.query(StateCounts)
-        if not (self.is_attached and lst.is_attached and bar):  # the app quit (or the
+        if not (self.is_live and lst.is_attached and bar):  # the app quit (or the
             return  # screen went, its widgets first) while we waited
         bar.first().show(counts, frozen=self.obelisk.frozen)
         lst.show_window(total, offset, rows)

@@ -59,6 +59,8 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
         except ApiError as e:
             self.obelisk.report_error(e)
             return
+        if not self.is_live:  # closed while we waited
+            return
         ffqn = self.info["ffqn"]
         for fn in model.exported_functions(deployment):
             if fn["ffqn"] == ffqn:
@@ -104,8 +106,11 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
             await self.obelisk.backend.stub(eid, value)
         except ApiError as e:
             # Kept open with the answer (a conflict, a type the server refused).
-            self.query_one("#stub-error", Static).update(Text("✗ " + e.message, "#e0606a"))
+            if self.is_live:
+                box = self.query_one("#stub-error", Static)
+                box.update(Text("✗ " + e.message, "#e0606a"))
             return
         self.notify(f"stubbed {eid}", title="stub")
         self.obelisk.request_refresh()
-        self.dismiss(True)
+        if self.is_live:
+            self.dismiss(True)

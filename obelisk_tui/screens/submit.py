@@ -92,10 +92,14 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
                 break
             except ApiError as e:
                 self.obelisk.report_error(e)
+                if not self.is_live:
+                    return
                 self.query_one("#signature", Static).update(
                     Text(f"cannot list the functions: {e.message} (retrying)", "#e0606a")
                 )
                 await asyncio.sleep(RETRY_SECONDS)
+        if not self.is_live:  # closed while we waited
+            return
         self.query_one("#signature", Static).update("pick a function")
         self.functions = model.exported_functions(deployment)
         self._fill(self.query_one("#function-filter", Input).value)  # typed meanwhile
@@ -174,6 +178,9 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
         try:
             eid = await self.obelisk.backend.submit(self.chosen["ffqn"], list(params))
         except ApiError as e:
-            self.query_one("#params-error", Static).update(Text("✗ " + e.message, "#e0606a"))
+            if self.is_live:
+                box = self.query_one("#params-error", Static)
+                box.update(Text("✗ " + e.message, "#e0606a"))
             return
-        self.dismiss(eid)
+        if self.is_live:
+            self.dismiss(eid)

@@ -152,6 +152,9 @@ async def open_console(
 
         await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="home screen")
         yield app, pilot
+        # The console survives a screen's exception (`ObeliskApp._handle_exception`):
+        # a test must still see it.
+        assert app.screen_errors == [], f"the console survived errors: {app.screen_errors!r}"
 
 
 async def until(

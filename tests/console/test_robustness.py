@@ -1,0 +1,103 @@
+"""The console survives what an operator's fingers and its own bugs do: a screen closed
+while its workers still load, an exception in a screen. The embedded engine keeps running
+whatever happens to a screen (it lives in the app's process)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from textual.screen import Screen
+
+from engine.client import ExecutionInfo
+from engine.core.events import ResultOk
+from engine.engine import Engine
+from obelisk_tui.backend import EmbeddedBackend
+from obelisk_tui.screens.detail import ExecutionDetailScreen
+from obelisk_tui.screens.executions import ExecutionsScreen
+from tests.console.conftest import STEP, open_console, until
+from tests.console.test_console import listed, select
+
+
+class _BrokenScreen(Screen[None]):
+    BINDINGS = [("x", "explode", "Explode")]
+
+    def on_mount(self) -> None:
+        self.set_timer(0.01, self._later)
+
+    def _later(self) -> None:
+        raise RuntimeError("a bug in a timer of a screen")
+
+    def action_explode(self) -> None:
+        raise RuntimeError("a bug in an action of a screen")
+
+
+async def test_an_exception_in_a_screen_is_shown_and_the_engine_keeps_running(
+    console_engine: Engine,
+) -> None:
+    engine = console_engine
+    async with open_console(engine) as (app, pilot):
+        await app.push_screen(_BrokenScreen())
+        await until(pilot, lambda: len(app.screen_errors) >= 1, what="the timer's error")
+        if isinstance(app.screen, _BrokenScreen):
+            await pilot.press("x")
+            await until(pilot, lambda: len(app.screen_errors) >= 2, what="the action's error")
+        assert app.is_running
+        assert any("a bug in" in str(e) for e in app.screen_errors)
+        assert any("a bug in" in str(n.message) for n in app._notifications)
+        # Still usable: back on the list, a detail opens, the engine runs.
+        app.action_executions()
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="the list")
+        eid = await engine.submit(STEP, [2])
+        assert await engine.result(eid, timeout=10) == ResultOk(20)
+        await until(pilot, lambda: eid in listed(app), what="the new execution")
+        await select(app, pilot, eid)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="the detail")
+        app.screen_errors.clear()
+
+
+class _GatedBackend(EmbeddedBackend):
+    """The embedded backend whose `status` reads wait for the test to open a gate: the
+    detail screen's load is held in the middle of its reads (as a slow disk or a busy
+    engine holds it) while the operator leaves the screen."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine, label="test", owns_engine=False)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = 0
+
+    async def status(self, execution_id: str) -> ExecutionInfo:
+        self.waiting += 1
+        try:
+            await self.gate.wait()
+        finally:
+            self.waiting -= 1
+        return await super().status(execution_id)
+
+
+@pytest.mark.parametrize("N", range(8))
+async def test_a_detail_screen_closed_during_its_load_does_not_crash(
+    console_engine: Engine, N: int
+) -> None:
+    engine = console_engine
+    eid = await engine.submit(STEP, [3])
+    await engine.result(eid, timeout=10)
+    backend = _GatedBackend(engine)
+    async with open_console(backend=backend) as (app, pilot):
+        await select(app, pilot, eid)
+        backend.gate.clear()
+        await pilot.press("enter")
+        await until(pilot, lambda: backend.waiting > 0, what="the detail's load to start")
+        assert isinstance(app.screen, ExecutionDetailScreen)
+        # The load's reads come back while the screen is being torn down.
+        app.pop_screen()
+        for _ in range(N):
+            await asyncio.sleep(0)
+        backend.gate.set()
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="the list")
+        await until(pilot, lambda: backend.waiting == 0, what="the reads to return")
+        await pilot.pause(0.1)
+        assert app.is_running
+        assert app.screen_errors == []
