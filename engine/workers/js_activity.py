@@ -1214,9 +1214,9 @@ class JsActivityRunner:
             if stage == "loading the module":
                 return RunTrap(self._load_error_message(e), e.stack or "")
             return RunTrap(f"{stage}: {e.name}: {e.message}", e.stack or "")
+        if is_allocation_failure(e, box.stderr.text()):
+            return RunTrap("out of memory", str(e))
         if isinstance(e, wasmtime.Trap):
-            if is_allocation_failure(box.stderr.text()):
-                return RunTrap("out of memory", str(e))
             return RunTrap(_trap_reason(e), str(e))
         if isinstance(e, QuickJSError):
             return RunTrap(f"{stage}: {type(e).__name__}: {e}", traceback.format_exc())

@@ -55,10 +55,14 @@ def release_after_failure(outcome: RunOutcome, params_bytes: int) -> None:
         gc.collect()
 
 
-def is_allocation_failure(stderr: bytes) -> bool:
-    """Whether the guest's stderr is that of its allocator giving up (Rust's
-    `handle_alloc_error`: `memory allocation of N bytes failed`)."""
-    return b"memory allocation of " in stderr and b" bytes failed" in stderr
+def is_allocation_failure(error: BaseException, stderr: bytes) -> bool:
+    """Whether a guest call failed for want of memory: the guest's allocator gave up
+    (Rust's `handle_alloc_error`: `memory allocation of N bytes failed` on stderr, then a
+    trap), or the host could not even get room for its input in the guest
+    (`qjs_alloc` returning null)."""
+    if isinstance(error, wasmtime.Trap):
+        return b"memory allocation of " in stderr and b" bytes failed" in stderr
+    return "qjs_alloc returned null" in str(error)
 
 
 class GuestStderr:
