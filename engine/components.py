@@ -17,6 +17,7 @@ from typing import Any
 from engine.core import events as ev
 from engine.deployment import ComponentConfig, Deployment, Param, is_ffqn, load_deployment
 from engine.errors import DeploymentError, InvalidParams, UnknownFunction
+from engine.limits import params_size_problem
 from engine.wit.codec import WitValueError, validate_json
 from engine.wit.types import WitType, format_wit_type
 
@@ -69,8 +70,13 @@ class Registry:
             ) from None
 
     def validate_params(self, ffqn: str, params: Any) -> list[Any]:
-        """Check params against the function's WIT types (SPEC §9.2); name the bad one."""
+        """Check params against the function's WIT types (SPEC §9.2); name the bad one.
+        Every new execution comes through here, so params over `MAX_PARAMS_BYTES` are
+        refused here too (`engine.limits`)."""
         info, _ = self.function(ffqn)
+        too_large = params_size_problem(ffqn, params)
+        if too_large is not None:
+            raise InvalidParams(too_large)
         return validate_params(info, params)
 
 

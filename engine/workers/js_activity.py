@@ -124,6 +124,11 @@ from engine.workers.quickjs_fast import (
     install_lazy_exports,
     map_host_function,
 )
+from engine.workers.sandbox_memory import (
+    GuestStderr,
+    is_allocation_failure,
+    release_after_failure,
+)
 from engine.workflow.js_heap import SandboxImages
 
 __all__ = [
@@ -694,6 +699,9 @@ class _Sandbox:
             self.rt._engine_rt.set_interrupt_handler(self._should_interrupt)
             self._inst: Any = self.ctx._engine_ctx._inst
             self._inst.store.set_limits(memory_size=memory_limit)
+            #: The guest's stderr: how its allocator says it ran out of memory.
+            self.stderr = GuestStderr()
+            self.stderr.install(self._inst.store)
             #: Whether this sandbox uses `engine.workers.quickjs_fast` (~40 % of a run).
             self.accelerated = ACCELERATE and fast_guest_calls(self._inst)
             env_json = "null" if env_vars is None else json.dumps(dict(env_vars))
@@ -1140,6 +1148,7 @@ class JsActivityRunner:
         outcome = _run_coroutine(
             lambda: self._run_async(params_js, deadline, cancel, log, patterns, env_vars)
         )
+        release_after_failure(outcome, len(params_js))
         if isinstance(outcome, RunTrap) and outcome.reason.endswith("out of memory"):
             return RunTrap(out_of_memory_reason(self.memory_limit), outcome.detail)
         return outcome
@@ -1184,28 +1193,34 @@ class JsActivityRunner:
             await box.supervise(box.load_module())
             stage = "running the function"
             text = await box.supervise(box.invoke(self.export, params_js))
-        except _Aborted:
+        except Exception as e:
+            return self._failure(box, stage, e)
+        return self._outcome_from_record(text)
+
+    def _failure(self, box: _Sandbox, stage: str, e: Exception) -> RunOutcome:
+        """The outcome of a run whose guest call raised `e` (called while handling it)."""
+        if isinstance(e, _Aborted):
             return RunTimedOut()  # replaced by the caller according to box.abort
-        except InterruptError:
+        if isinstance(e, InterruptError):
             return RunTrap("interrupted")  # box.abort is set: the caller maps it
-        except MemoryLimitError:
+        if isinstance(e, MemoryLimitError):
             return RunTrap("out of memory")
-        except DeadlockError:
+        if isinstance(e, DeadlockError):
             return RunTrap(
                 f"{stage}: awaited a promise that never settles "
                 "(there are no timers; only fetch completes asynchronously)"
             )
-        except JSError as e:
+        if isinstance(e, JSError):
             if stage == "loading the module":
                 return RunTrap(self._load_error_message(e), e.stack or "")
             return RunTrap(f"{stage}: {e.name}: {e.message}", e.stack or "")
-        except wasmtime.Trap as e:
+        if is_allocation_failure(e, box.stderr.text()):
+            return RunTrap("out of memory", str(e))
+        if isinstance(e, wasmtime.Trap):
             return RunTrap(_trap_reason(e), str(e))
-        except QuickJSError as e:
+        if isinstance(e, QuickJSError):
             return RunTrap(f"{stage}: {type(e).__name__}: {e}", traceback.format_exc())
-        except Exception as e:
-            return RunTrap(f"{stage}: internal error: {e!r}", traceback.format_exc())
-        return self._outcome_from_record(text)
+        return RunTrap(f"{stage}: internal error: {e!r}", traceback.format_exc())
 
     def _outcome_from_record(self, text: str) -> RunOutcome:
         try:

@@ -172,8 +172,14 @@ def fast_guest_calls(inst: Any) -> bool:
                     raise error_class._from_ptr(error)
                 if trap:
                     trap_obj = trap_class._from_ptr(trap)
-                    maybe_raise_last_exn()
-                    raise trap_obj
+                    try:
+                        maybe_raise_last_exn()
+                        raise trap_obj
+                    finally:
+                        # The trap's traceback holds this frame: as a local too, it
+                        # would make a cycle that keeps the frames below (and the
+                        # guest call's arguments, a whole JS source) until a full GC.
+                        del trap_obj
             finally:
                 cur.inst = prev
             if result_kind < 0:

@@ -20,7 +20,7 @@ from engine.core import events as ev
 from engine.core.ids import ExecutionId
 from engine.engine import Engine
 from engine.server.api import make_app, openapi_document
-from engine.storage.contract import CreateRequest
+from engine.storage.contract import CreateRequest, ListFilter
 from engine.workers.outcome import LogLine
 
 TOKEN = "test-token-0123456789"
@@ -891,6 +891,29 @@ async def test_a_body_over_the_limit_names_the_limit(
     async with TestClient(TestServer(make_app(engine, TOKEN)), headers=AUTH) as c:
         r = await c.post("/v1/executions", json={"ffqn": APPROVE, "params": ["x" * 2**21]})
         await expect_error(r, 413, "request body too large", "the limit is 1 MiB")
+
+
+async def test_params_over_the_limit_are_400_naming_it_and_create_nothing(
+    client: TestClient[Any, Any],
+) -> None:
+    from engine.limits import MAX_PARAMS_BYTES
+
+    big = "x" * MAX_PARAMS_BYTES  # with its quotes and brackets, just over the limit
+    r = await client.post("/v1/executions", json={"ffqn": APPROVE, "params": [big]})
+    await expect_error(r, 400, f"params of {APPROVE} are too large", "the limit is 4 MiB")
+    r = await client.get("/v1/executions/count")
+    assert await r.json() == {"count": 0}
+
+
+async def test_the_engine_facade_refuses_params_over_the_limit(engine: Engine) -> None:
+    from engine.errors import InvalidParams
+    from engine.limits import MAX_PARAMS_BYTES
+
+    with pytest.raises(InvalidParams) as refused:
+        await engine.submit(APPROVE, ["é" * (MAX_PARAMS_BYTES // 2)])  # 2 bytes each
+    assert str(refused.value).startswith(f"params of {APPROVE} are too large: 4,194,308 bytes")
+    assert str(refused.value).endswith("(the limit is 4 MiB)")
+    assert await engine.storage.count_executions(ListFilter()) == 0
 
 
 async def test_a_stopping_server_does_not_wait_for_long_polls(tmp_path: Path) -> None:
