@@ -3,7 +3,8 @@
 `make_app(engine, token)` builds the aiohttp application; `engine.server.run` serves it.
 Every error is `{"error": message}` with its status: 400 bad request (params, JSON, ids,
 query), 401 no/bad token, 404 unknown execution/FFQN/endpoint, 409 conflict, 422 not
-cancellable, 425 not finished yet, 500 anything unexpected (logged, never a traceback).
+cancellable, 425 not finished yet, 503 the database's disk is full (logged at most once
+per 10 s), 500 anything unexpected (logged, never a traceback).
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ from engine.storage.contract import (
     NotCancellable,
     NotFound,
     StorageError,
+    StorageFull,
     StoredLog,
 )
+from engine.storage.disk_full import LOG_INTERVAL, report_disk_full
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -144,6 +147,7 @@ _STATUS_OF: tuple[tuple[type[Exception], int], ...] = (
     (InvalidParams, 400),
     (NotCancellable, 422),
     (Conflict, 409),
+    (StorageFull, 503),
 )
 _MAPPED = (NotFound, UnknownFunction, InvalidParams, NotCancellable, Conflict)
 
@@ -176,6 +180,9 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         return _error(e.status, message, headers or None)
     except _MAPPED as e:
         return _error(error_status(e), str(e))
+    except StorageFull as e:  # not the request's fault: try again once space is freed
+        report_disk_full(log, e)
+        return _error(503, str(e), {"Retry-After": f"{LOG_INTERVAL:g}"})
     except (StorageError, DeploymentError) as e:
         log.error("%s %s failed: %s", request.method, request.path, e)
         return _error(500, str(e))
@@ -595,6 +602,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
         409: "Conflict with the execution's state",
         422: "The execution is not cancellable",
         425: "The execution has not finished yet",
+        503: "The database's disk is full: try again once space is freed",
     }
     return {
         str(s): {
@@ -632,7 +640,7 @@ def _action(summary: str, *errors: int) -> dict[str, Any]:
             "parameters": [_ID_PARAM],
             "responses": {
                 **_ok("The execution after the change", _ref("Execution")),
-                **_errors(400, 404, *errors),
+                **_errors(400, 404, *errors, 503),
             },
         }
     }
@@ -968,7 +976,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 },
                 "responses": {
                     **_ok("Created", _ref("SubmitAnswer"), "201"),
-                    **_errors(400, 404, 409),
+                    **_errors(400, 404, 409, 503),
                 },
             },
         },
@@ -1061,7 +1069,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "parameters": [_ID_PARAM],
                 "responses": {
                     **_ok("What was stored", _ref("PersistedBacktraces")),
-                    **_errors(400, 404, 409),
+                    **_errors(400, 404, 409, 503),
                 },
             }
         },
@@ -1084,7 +1092,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 ],
                 "responses": {
                     **_ok("The workflow that owns the delay", _ref("Execution")),
-                    **_errors(400, 404, 409),
+                    **_errors(400, 404, 409, 503),
                 },
             }
         },
@@ -1098,7 +1106,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 },
                 "responses": {
                     **_ok("The execution after the change", _ref("Execution")),
-                    **_errors(400, 404, 409),
+                    **_errors(400, 404, 409, 503),
                 },
             }
         },
