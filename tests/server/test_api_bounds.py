@@ -180,3 +180,63 @@ def test_cli_refuses_params_nested_too_deeply(capsys: pytest.CaptureFixture[str]
         assert main(["execution", *argv]) == 2
         err = capsys.readouterr().err
         assert "nested too deeply" in err and "Traceback" not in err, err
+
+
+#: Values a client may send by mistake (or on purpose), for every parameter of every
+#: operation: no answer may be a 5xx. (A bounded, deterministic stand-in for a schema
+#: fuzzer: the same cases every run, in a second or two.)
+HOSTILE = [
+    "",
+    "-1",
+    "0",
+    "1",
+    "1.5",
+    "-0",
+    " 1",
+    "0x10",
+    "1e400",
+    "nan",
+    "inf",
+    "true",
+    "[",
+    "%",
+    "_",
+    "\x00",
+    "é",
+    "E_",
+    "9" * 30,
+    str(2**63),
+    str(-(2**63) - 1),
+    HUGE,
+]
+
+
+async def test_hostile_values_are_never_a_5xx(client: TestClient[Any, Any]) -> None:
+    eid = await submit(client)
+    failures = []
+    sent = 0
+    for path, item in openapi_document()["paths"].items():
+        for method, operation in item.items():
+            names = [p["name"] for p in operation.get("parameters", []) if p["in"] == "query"]
+            for value in HOSTILE:
+                ids = [eid]
+                if "{" in path and len(value) < 100:  # hostile ids too (URLs stay short)
+                    ids += [
+                        value,
+                        f"{eid}.{value}",
+                        f"{eid}.g:1_{value}",
+                        f"Delay_{eid[2:]}.{value}",
+                    ]
+                for id_ in ids:
+                    url = re.sub(r"\{[a-z_]+\}", lambda _, i=id_: i, path)
+                    for name in names or [None]:
+                        query = {} if name is None else {name: value}
+                        if name not in (None, "timeout"):
+                            query["timeout"] = "0"  # a long poll answers at once
+                        body = b'{"ffqn": "' + value.encode() + b'"}' if method != "get" else None
+                        r = await client.request(method, url, params=query, data=body)
+                        sent += 1
+                        if r.status >= 500:
+                            failures.append((method, url[:80], query, r.status, await r.text()))
+    assert sent > 1000
+    assert not failures, failures[:10]
