@@ -245,6 +245,8 @@ def _parse_json_arg(text: str, what: str) -> Any:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except ValueError as e:  # UnicodeEncodeError included
         raise UsageError(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:  # json gives up at the interpreter's recursion limit
+        raise UsageError(f"{what} is nested too deeply (arrays/objects in one another)") from None
     return value
 
 

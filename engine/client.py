@@ -400,6 +400,10 @@ class ApiClient:
             return json.loads(payload)
         except ValueError:
             raise ApiError(None, f"the server at {self.base_url} answered with non-JSON") from None
+        except RecursionError:  # e.g. a result nested deeper than `json` reads
+            raise ApiError(
+                None, f"the server at {self.base_url} answered with JSON nested too deeply to read"
+            ) from None
 
 
 def _query_value(value: str | int | float | bool) -> str:
@@ -439,7 +443,7 @@ def connection_error_reason(reason: object) -> str:
 def error_message(status: int, payload: bytes) -> str:
     try:
         body = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), str):
         return str(body["error"])

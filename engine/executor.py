@@ -39,7 +39,9 @@ from engine.storage.contract import (
     NotFound,
     Storage,
     StorageError,
+    StorageFull,
 )
+from engine.storage.disk_full import is_disk_full, report_disk_full
 from engine.wit.codec import WitValueError, validate_json
 from engine.workers.outcome import (
     LogLine,
@@ -185,7 +187,10 @@ class BaseExecutor:
                     with_log=self.with_log,
                 )
             except StorageError as e:
-                log.error("executor %s: locking failed: %s", self.name, e)
+                if is_disk_full(e):  # every executor, every tick: once per interval
+                    report_disk_full(log, e)
+                else:
+                    log.error("executor %s: locking failed: %s", self.name, e)
                 await self.clock.sleep(cfg.tick_sleep_ms / 1000)
                 continue
             for locked in batch:
@@ -206,6 +211,8 @@ class BaseExecutor:
     async def _guarded_run(self, locked: LockedExecution, cancel: threading.Event) -> None:
         try:
             await self._run_one(locked, cancel)
+        except StorageFull as e:  # its lock expires; the timers watcher retries it
+            report_disk_full(log, e)
         except Exception:
             log.exception("executor %s: run of %s failed", self.name, locked.execution_id)
         finally:
@@ -584,6 +591,13 @@ def _err_type(return_type: Any) -> Any:
     return getattr(return_type, "err", None)
 
 
+def _log_timers_error(error: Exception) -> None:
+    if is_disk_full(error):
+        report_disk_full(log, error)
+    else:
+        log.error("timers watcher: %s", error)
+
+
 class TimersWatcher:
     """Expired locks and due delays (SPEC §6.3), every 100 ms at a 500 ms leeway; and,
     at start and every second, the executors whose process died (`engine.storage.leases`):
@@ -607,7 +621,7 @@ class TimersWatcher:
             try:
                 await self.tick()
             except StorageError as e:
-                log.error("timers watcher: %s", e)
+                _log_timers_error(e)
             await self.clock.sleep(self.INTERVAL)
 
     async def tick(self) -> int:
@@ -632,7 +646,7 @@ class TimersWatcher:
             )
         for result in await asyncio.gather(*jobs, return_exceptions=True):
             if isinstance(result, Exception) and not isinstance(result, Conflict | NotFound):
-                log.error("timers watcher: %s", result)
+                _log_timers_error(result)
         return released + len(jobs)
 
     async def release_dead_executors(self, now: datetime) -> int:
@@ -661,7 +675,7 @@ class TimersWatcher:
         )
         for result in await asyncio.gather(*jobs, return_exceptions=True):
             if isinstance(result, Exception) and not isinstance(result, Conflict | NotFound):
-                log.error("timers watcher: %s", result)
+                _log_timers_error(result)
         return len(jobs)
 
     async def stop(self) -> None:

@@ -36,6 +36,16 @@ _JOIN_SET_RE = re.compile(rf"(?P<kind>[ogn]):(?P<name>{_NAME_RE})")
 _TOP_LEVEL_RE = re.compile(rf"E_(?P<ulid>{_ULID_RE})")
 _SEGMENT_RE = re.compile(rf"(?P<kind>[ogn]):(?P<name>{_NAME_RE})_(?P<n>[1-9][0-9]*)")
 
+#: A child or delay index has at most this many digits (below 2**63, so it fits every
+#: database's integers); longer ones are refused before `int()` sees them, which would
+#: raise a bare ValueError past 4,300 digits (Python's int-from-str limit).
+MAX_INDEX_DIGITS = 18
+_BOUNDED_SEGMENT = rf"\.[ogn]:{_NAME_RE}_[1-9][0-9]{{0,{MAX_INDEX_DIGITS - 1}}}"
+#: The formats as regular expressions (valid in Python and ECMA-262), for documents such
+#: as the OpenAPI description; `ExecutionId.parse` and `DelayId.parse` accept the same.
+EXECUTION_ID_PATTERN = rf"^E_{_ULID_RE}({_BOUNDED_SEGMENT})*$"
+DELAY_ID_PATTERN = rf"^Delay_{_ULID_RE}({_BOUNDED_SEGMENT})+$"
+
 
 class IdError(ValueError):
     """An identifier that does not follow the formats of SPEC §2."""
@@ -97,12 +107,21 @@ class ExecutionId:
         head, *segments = text.split(".")
         m = _TOP_LEVEL_RE.fullmatch(head)
         if not m:
-            raise IdError(f"invalid execution id {text!r}: expected E_<ULID>[.<join set>_<n>…]")
+            raise IdError(
+                f"invalid execution id {_shortened(text)}: expected E_<ULID>[.<join set>_<n>…]"
+            )
         path: list[tuple[JoinSetId, int]] = []
         for seg in segments:
             sm = _SEGMENT_RE.fullmatch(seg)
             if not sm:
-                raise IdError(f"invalid execution id {text!r}: bad child segment {seg!r}")
+                raise IdError(
+                    f"invalid execution id {_shortened(text)}: bad child segment {_shortened(seg)}"
+                )
+            if len(sm["n"]) > MAX_INDEX_DIGITS:
+                raise IdError(
+                    f"invalid execution id {_shortened(text)}: the index of child segment "
+                    f"{_shortened(seg)} has more than {MAX_INDEX_DIGITS} digits"
+                )
             kind: JoinSetKind = sm["kind"]  # type: ignore[assignment]
             path.append((JoinSetId(kind, sm["name"]), int(sm["n"])))
         return ExecutionId(m["ulid"], tuple(path))
@@ -152,7 +171,10 @@ class DelayId:
         try:
             as_exec = ExecutionId.parse("E_" + text[len("Delay_") :])
         except IdError:
-            raise IdError(f"invalid delay id {text!r}") from None
+            raise IdError(
+                f"invalid delay id {_shortened(text)}: expected Delay_<ULID>.<join set>_<n>… "
+                f"(an index has at most {MAX_INDEX_DIGITS} digits)"
+            ) from None
         if not as_exec.path:
             raise IdError(f"invalid delay id {text!r}: missing join set segment")
         return DelayId(as_exec.ulid, as_exec.path)
@@ -160,6 +182,14 @@ class DelayId:
     def owner(self) -> tuple[ExecutionId, JoinSetId]:
         """The execution that requested the delay and its join set."""
         return ExecutionId(self.ulid, self.path[:-1]), self.path[-1][0]
+
+
+def _shortened(text: str, limit: int = 80) -> str:
+    """`text` quoted, cut in the middle when long: an error message stays readable."""
+    if len(text) <= limit:
+        return repr(text)
+    half = limit // 2
+    return repr(text[:half] + "…" + text[-half:])
 
 
 def _format_path(path: tuple[tuple[JoinSetId, int], ...]) -> str:

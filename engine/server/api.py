@@ -3,14 +3,14 @@
 `make_app(engine, token)` builds the aiohttp application; `engine.server.run` serves it.
 Every error is `{"error": message}` with its status: 400 bad request (params, JSON, ids,
 query), 401 no/bad token, 404 unknown execution/FFQN/endpoint, 409 conflict, 422 not
-cancellable, 425 not finished yet, 500 anything unexpected (logged, never a traceback).
+cancellable, 425 not finished yet, 503 the database's disk is full (logged at most once
+per 10 s), 500 anything unexpected (logged, never a traceback).
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +30,28 @@ from engine.client import (
     ResponseEntry,
 )
 from engine.core import events as ev
-from engine.core.ids import ExecutionId, IdError
+from engine.core.ids import DELAY_ID_PATTERN
 from engine.core.state import StateName
 from engine.errors import DeploymentError, InvalidParams, UnknownFunction
+from engine.server.validation import (
+    BACKTRACE_VERSION,
+    CHANGES_SINCE,
+    DEPLOYMENT_AFTER,
+    EVENTS_LENGTH,
+    EVENTS_VERSION,
+    EXECUTION_ID_SCHEMA,
+    FOLLOW_TIMEOUT,
+    LIST_LIMIT,
+    LIST_OFFSET,
+    LOGS_AFTER,
+    LOGS_LIMIT,
+    RESPONSES_AFTER,
+    WAIT_TIMEOUT,
+    ApiProblem,
+    bool_query,
+    execution_id,
+    json_body,
+)
 from engine.storage.contract import (
     LIST_ORDERS,
     Backtrace,
@@ -43,8 +62,10 @@ from engine.storage.contract import (
     NotCancellable,
     NotFound,
     StorageError,
+    StorageFull,
     StoredLog,
 )
+from engine.storage.disk_full import LOG_INTERVAL, report_disk_full
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -62,19 +83,7 @@ STATE_NAMES: tuple[StateName, ...] = (
     "cancelling",
     "finished",
 )
-MAX_LIST_LIMIT = 1000
-MAX_LOG_LIMIT = 10_000
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class ApiProblem(Exception):
-    """A request the API refuses, with the status to answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 # ---------------------------------------------------------------------------------------
@@ -138,6 +147,7 @@ _STATUS_OF: tuple[tuple[type[Exception], int], ...] = (
     (InvalidParams, 400),
     (NotCancellable, 422),
     (Conflict, 409),
+    (StorageFull, 503),
 )
 _MAPPED = (NotFound, UnknownFunction, InvalidParams, NotCancellable, Conflict)
 
@@ -170,6 +180,9 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         return _error(e.status, message, headers or None)
     except _MAPPED as e:
         return _error(error_status(e), str(e))
+    except StorageFull as e:  # not the request's fault: try again once space is freed
+        report_disk_full(log, e)
+        return _error(503, str(e), {"Retry-After": f"{LOG_INTERVAL:g}"})
     except (StorageError, DeploymentError) as e:
         log.error("%s %s failed: %s", request.method, request.path, e)
         return _error(500, str(e))
@@ -199,64 +212,7 @@ async def _auth_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def _execution_id(request: web.Request) -> str:
-    text = request.match_info["execution_id"]
-    try:
-        return str(ExecutionId.parse(text))
-    except IdError as e:
-        raise ApiProblem(400, str(e)) from None
-
-
-def _int_query(
-    request: web.Request, name: str, default: int | None, lo: int, hi: int | None = None
-) -> int | None:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
-    if value is None or value < lo or (hi is not None and value > hi):
-        bounds = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
-        raise ApiProblem(400, f"query parameter `{name}` must be an integer {bounds}, got {raw!r}")
-    return value
-
-
-def _bool_query(request: web.Request, name: str) -> bool:
-    raw = request.query.get(name)
-    if raw is None:
-        return False
-    value = raw.strip().lower()
-    if value in ("", "true", "1", "yes"):
-        return True
-    if value in ("false", "0", "no"):
-        return False
-    raise ApiProblem(400, f"query parameter `{name}` must be true or false, got {raw!r}")
-
-
-def _float_query(request: web.Request, name: str) -> float | None:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ApiProblem(
-            400, f"query parameter `{name}` must be a non-negative number of seconds, got {raw!r}"
-        )
-    return value
-
-
-async def _json_body(request: web.Request) -> Any:
-    data = await request.read()
-    if not data.strip():
-        raise ApiProblem(400, "missing JSON request body")
-    try:
-        return msgspec.json.decode(data)
-    except msgspec.DecodeError as e:
-        raise ApiProblem(400, f"malformed JSON in request body: {e}") from None
+    return execution_id(request.match_info["execution_id"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -374,29 +330,26 @@ def _list_filter(request: web.Request) -> ListFilter:
             )
     before = query.get("before") or None
     if before is not None:
-        try:
-            before = str(ExecutionId.parse(before))
-        except IdError as e:
-            raise ApiProblem(400, f"query parameter `before`: {e}") from None
+        before = execution_id(before, "query parameter `before`")
     order = query.get("order") or "created_desc"
     if order not in LIST_ORDERS:
         raise ApiProblem(
             400, f"unknown order {order!r} (expected one of: {', '.join(LIST_ORDERS)})"
         )
-    limit = _int_query(request, "limit", 100, 1, MAX_LIST_LIMIT)
-    offset = _int_query(request, "offset", 0, 0)
+    limit = LIST_LIMIT.parse(request)
+    offset = LIST_OFFSET.parse(request)
     assert limit is not None and offset is not None
     return ListFilter(
         ffqn_prefix=query.get("ffqn") or None,
         states=tuple(states) or None,
-        hide_finished=_bool_query(request, "hide_finished"),
-        top_level_only=_bool_query(request, "top_level_only"),
+        hide_finished=bool_query(request, "hide_finished"),
+        top_level_only=bool_query(request, "top_level_only"),
         id_prefix=query.get("id_prefix") or None,
         limit=limit,
         before_id=before,
         offset=offset,
         order=order,  # type: ignore[arg-type]  # checked against LIST_ORDERS above
-        with_extras=_bool_query(request, "extras"),
+        with_extras=bool_query(request, "extras"),
     )
 
 
@@ -417,16 +370,12 @@ async def _stats(request: web.Request) -> web.Response:
     return _json({"by_state": {name: counts.get(name, 0) for name in STATE_NAMES}})
 
 
-MAX_WAIT_SECONDS = 60.0
-DEFAULT_WAIT_SECONDS = 25.0
-
-
 async def _changes(request: web.Request) -> web.Response:
     """Long poll: answer once anything was committed after generation `since` (or after
     `timeout` seconds), with the current generation. Clients refresh on a new value."""
-    since = _int_query(request, "since", -1, -1)
-    timeout = _long_poll_timeout(request)
-    assert since is not None
+    since = CHANGES_SINCE.parse(request)
+    timeout = WAIT_TIMEOUT.parse(request)
+    assert since is not None and timeout is not None
     feed = request.app[ENGINE_KEY].storage.changes()
     generation = await feed.wait_changed(since, timeout)
     return _json({"generation": generation})
@@ -437,7 +386,7 @@ _SUBMIT_KEYS = ("ffqn", "params", "execution_id")
 
 async def _submit(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    body = await _json_body(request)
+    body = await json_body(request)
     if not isinstance(body, dict):
         raise ApiProblem(400, 'request body must be a JSON object {"ffqn": …, "params": […]}')
     unknown = sorted(set(body) - set(_SUBMIT_KEYS))
@@ -458,18 +407,11 @@ async def _submit(request: web.Request) -> web.Response:
     return _json({"execution_id": eid}, 201, {"Location": f"/v1/executions/{eid}"})
 
 
-def _long_poll_timeout(request: web.Request) -> float:
-    """`timeout` of a long poll: 25 s by default, at most `MAX_WAIT_SECONDS`; 0 answers
-    at once."""
-    timeout = _float_query(request, "timeout")
-    return min(DEFAULT_WAIT_SECONDS if timeout is None else timeout, MAX_WAIT_SECONDS)
-
-
 async def _result(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
-    if _bool_query(request, "follow"):
-        timeout = _float_query(request, "timeout")
+    timeout = FOLLOW_TIMEOUT.parse(request)  # checked even without `follow`: no surprise
+    if bool_query(request, "follow"):
         try:
             result = await engine.result(eid, timeout)
         except TimeoutError:
@@ -491,9 +433,9 @@ async def _status(request: web.Request) -> web.Response:
 async def _events(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
-    version = _int_query(request, "version", 0, 0)
-    length = _int_query(request, "length", None, 1)
-    with_backtrace = _bool_query(request, "include_backtrace_id")
+    version = EVENTS_VERSION.parse(request)
+    length = EVENTS_LENGTH.parse(request)
+    with_backtrace = bool_query(request, "include_backtrace_id")
     assert version is not None
     await engine.storage.get_summary(eid)  # 404 for an unknown id, whatever the range
     stored = await engine.storage.get_events(eid, version, length)
@@ -503,7 +445,7 @@ async def _events(request: web.Request) -> web.Response:
 async def _responses(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
-    after = _int_query(request, "after", 0, 0)
+    after = RESPONSES_AFTER.parse(request)
     assert after is not None
     await engine.storage.get_summary(eid)
     return _json(response_entries(await engine.storage.get_responses(eid, after)))
@@ -512,8 +454,8 @@ async def _responses(request: web.Request) -> web.Response:
 async def _logs(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
-    after = _int_query(request, "after", 0, 0)
-    limit = _int_query(request, "limit", 1000, 1, MAX_LOG_LIMIT)
+    after = LOGS_AFTER.parse(request)
+    limit = LOGS_LIMIT.parse(request)
     assert after is not None and limit is not None
     await engine.storage.get_summary(eid)
     return _json(log_entries(await engine.storage.get_logs(eid, after, limit)))
@@ -522,10 +464,7 @@ async def _logs(request: web.Request) -> web.Response:
 async def _backtrace(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
-    if not request.query.get("version"):
-        raise ApiProblem(400, "query parameter `version` is required")
-    version = _int_query(request, "version", 0, 0)
-    assert version is not None
+    version = BACKTRACE_VERSION.parse_required(request)
     bt = await engine.storage.get_backtrace(eid, version)  # 404 for an unknown id
     if bt is None:
         raise ApiProblem(404, f"execution {eid} has no backtrace for version {version}")
@@ -576,7 +515,7 @@ async def _cancel_delay(request: web.Request) -> web.Response:
 async def _stub(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
-    body = await _json_body(request)
+    body = await json_body(request)
     if not (isinstance(body, dict) and len(body) == 1 and next(iter(body)) in ("ok", "err")):
         raise ApiProblem(400, 'request body must be {"ok": value} or {"err": value}')
     await engine.stub(eid, body)
@@ -614,9 +553,10 @@ async def _components(request: web.Request) -> web.Response:
 async def _deployment(request: web.Request) -> web.Response:
     """The deployment in force and the outcome of the last reload (SPEC §9.3)."""
     engine = request.app[ENGINE_KEY]
-    after = _int_query(request, "after", None, -1)
+    after = DEPLOYMENT_AFTER.parse(request)
+    timeout = WAIT_TIMEOUT.parse(request)  # checked even without `after`: no surprise
     if after is not None:  # long poll for the next reload
-        timeout = _long_poll_timeout(request)
+        assert timeout is not None
         await engine.wait_reload(after, timeout)
     return _json(await deployment_info(engine))
 
@@ -662,6 +602,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
         409: "Conflict with the execution's state",
         422: "The execution is not cancellable",
         425: "The execution has not finished yet",
+        503: "The database's disk is full: try again once space is freed",
     }
     return {
         str(s): {
@@ -677,7 +618,7 @@ _ID_PARAM = {
     "in": "path",
     "required": True,
     "description": "E_<ULID>, or a child id E_<ULID>.<join set>_<n>…",
-    "schema": {"type": "string"},
+    "schema": EXECUTION_ID_SCHEMA,
 }
 
 
@@ -699,7 +640,7 @@ def _action(summary: str, *errors: int) -> dict[str, Any]:
             "parameters": [_ID_PARAM],
             "responses": {
                 **_ok("The execution after the change", _ref("Execution")),
-                **_errors(400, 404, *errors),
+                **_errors(400, 404, *errors, 503),
             },
         }
     }
@@ -794,7 +735,10 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
             "properties": {
                 "ffqn": {"type": "string", "examples": ["myapp:demo/activity.step"]},
                 "params": {"type": "array", "description": "WIT values as JSON (SPEC §9.2)"},
-                "execution_id": {"type": "string", "description": "E_<ULID>; generated if absent"},
+                "execution_id": {
+                    **EXECUTION_ID_SCHEMA,
+                    "description": "E_<ULID>; generated if absent",
+                },
             },
         },
         "SubmitAnswer": {
@@ -1000,24 +944,15 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "summary": "List executions, newest first",
                 "parameters": [
                     *filter_params,
-                    _query(
-                        "limit",
-                        {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": MAX_LIST_LIMIT,
-                            "default": 100,
-                        },
-                        "page size",
-                    ),
+                    _query("limit", LIST_LIMIT.schema(), "page size"),
                     _query(
                         "before",
-                        {"type": "string"},
+                        EXECUTION_ID_SCHEMA,
                         "paging cursor: the last execution_id of the previous page",
                     ),
                     _query(
                         "offset",
-                        {"type": "integer", "minimum": 0, "default": 0},
+                        LIST_OFFSET.schema(),
                         "paging by position: skip this many rows",
                     ),
                     _query(
@@ -1041,7 +976,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 },
                 "responses": {
                     **_ok("Created", _ref("SubmitAnswer"), "201"),
-                    **_errors(400, 404, 409),
+                    **_errors(400, 404, 409, 503),
                 },
             },
         },
@@ -1060,7 +995,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                     _query("follow", {"type": "boolean"}, "wait until it finishes"),
                     _query(
                         "timeout",
-                        {"type": "number", "minimum": 0},
+                        FOLLOW_TIMEOUT.schema(),
                         "with follow: give up (425) after this many seconds",
                     ),
                 ],
@@ -1079,10 +1014,8 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "summary": "A page of the execution log",
                 "parameters": [
                     _ID_PARAM,
-                    _query(
-                        "version", {"type": "integer", "minimum": 0, "default": 0}, "first version"
-                    ),
-                    _query("length", {"type": "integer", "minimum": 1}, "how many (all if absent)"),
+                    _query("version", EVENTS_VERSION.schema(), "first version"),
+                    _query("length", EVENTS_LENGTH.schema(), "how many (all if absent)"),
                     _query("include_backtrace_id", {"type": "boolean"}, "add backtrace_id"),
                 ],
                 "responses": {**_ok("Events", _array_of("Event")), **_errors(400, 404)},
@@ -1095,7 +1028,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                     _ID_PARAM,
                     _query(
                         "after",
-                        {"type": "integer", "minimum": 0, "default": 0},
+                        RESPONSES_AFTER.schema(),
                         "only responses with a cursor greater than this",
                     ),
                 ],
@@ -1107,21 +1040,8 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "summary": "Log lines (stdout, stderr, obelisk:log) of an execution",
                 "parameters": [
                     _ID_PARAM,
-                    _query(
-                        "after",
-                        {"type": "integer", "minimum": 0, "default": 0},
-                        "only lines with an id greater than this",
-                    ),
-                    _query(
-                        "limit",
-                        {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": MAX_LOG_LIMIT,
-                            "default": 1000,
-                        },
-                        "page size",
-                    ),
+                    _query("after", LOGS_AFTER.schema(), "only lines with an id greater than this"),
+                    _query("limit", LOGS_LIMIT.schema(), "page size"),
                 ],
                 "responses": {**_ok("Log lines", _array_of("LogLine")), **_errors(400, 404)},
             }
@@ -1136,7 +1056,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                         "in": "query",
                         "required": True,
                         "description": "the event's version",
-                        "schema": {"type": "integer", "minimum": 0},
+                        "schema": BACKTRACE_VERSION.schema(),
                     },
                 ],
                 "responses": {**_ok("The backtrace", _ref("Backtrace")), **_errors(400, 404)},
@@ -1149,7 +1069,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "parameters": [_ID_PARAM],
                 "responses": {
                     **_ok("What was stored", _ref("PersistedBacktraces")),
-                    **_errors(400, 404, 409),
+                    **_errors(400, 404, 409, 503),
                 },
             }
         },
@@ -1167,12 +1087,12 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                         "in": "path",
                         "required": True,
                         "description": "Delay_<ULID>.<join set>_<n>…",
-                        "schema": {"type": "string"},
+                        "schema": {"type": "string", "pattern": DELAY_ID_PATTERN},
                     }
                 ],
                 "responses": {
                     **_ok("The workflow that owns the delay", _ref("Execution")),
-                    **_errors(400, 404, 409),
+                    **_errors(400, 404, 409, 503),
                 },
             }
         },
@@ -1186,7 +1106,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 },
                 "responses": {
                     **_ok("The execution after the change", _ref("Execution")),
-                    **_errors(400, 404, 409),
+                    **_errors(400, 404, 409, 503),
                 },
             }
         },
@@ -1202,14 +1122,14 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "parameters": [
                     _query(
                         "after",
-                        {"type": "integer", "minimum": -1},
+                        DEPLOYMENT_AFTER.schema(),
                         "long poll: answer once a reload with a greater `generation` "
                         "happened (or at the timeout)",
                     ),
                     _query(
                         "timeout",
-                        {"type": "number", "minimum": 0, "default": 25},
-                        "with after: seconds to wait at most (60 at the most)",
+                        WAIT_TIMEOUT.schema(),
+                        "with after: seconds to wait at most",
                     ),
                 ],
                 "responses": {**_ok("Deployment", _ref("Deployment")), **_errors(400)},
@@ -1227,13 +1147,13 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
                 "parameters": [
                     _query(
                         "since",
-                        {"type": "integer", "minimum": -1, "default": -1},
+                        CHANGES_SINCE.schema(),
                         "the generation the client has seen (-1: answer at once)",
                     ),
                     _query(
                         "timeout",
-                        {"type": "number", "minimum": 0, "default": 25},
-                        "seconds to wait at most (60 at the most)",
+                        WAIT_TIMEOUT.schema(),
+                        "seconds to wait at most",
                     ),
                 ],
                 "responses": {**_ok("The current generation", _ref("Generation")), **_errors(400)},

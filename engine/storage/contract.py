@@ -38,6 +38,11 @@ class NotCancellable(StorageError):
     """Cancellation of something that is neither an activity nor a `-cancellable` workflow."""
 
 
+class StorageFull(StorageError):
+    """The database's disk (or its size limit) is full: nothing of the write was made,
+    later writes fail the same way until space is freed (SPEC §11 maps it to 503)."""
+
+
 class DirectLock(Protocol):
     """A lock that an executor of this process takes on an execution as it is created,
     in the creating transaction: the execution runs at once, without being announced as

@@ -89,10 +89,12 @@ from engine.storage.contract import (
     LockedExecution,
     NotFound,
     StorageError,
+    StorageFull,
     StoredLog,
     UnfinishedExecution,
     VersionConflict,
 )
+from engine.storage.disk_full import is_disk_full, report_disk_full, write_error
 from engine.storage.notify import Notifier, ResponseInbox
 from engine.storage.postgres_leases import SCHEMA as LEASES_SCHEMA
 from engine.storage.postgres_leases import PostgresLeases
@@ -579,7 +581,7 @@ class PostgresStorage:
                 # aborted: nothing of it is there; run it again
             except Exception as e:
                 if not is_connection_error(e):
-                    self._fail(batch, f"database write failed: {e}")
+                    self._fail(batch, f"database write failed: {e}", write_error(e))
                     return []
                 self._drop_writer()
                 if time.monotonic() > deadline:
@@ -631,11 +633,14 @@ class PostgresStorage:
             delay = min(delay * 2, 2.0)
         return None
 
-    def _fail(self, batch: list[_Tx], message: str) -> None:
-        log.error("%s", message)
+    def _fail(self, batch: list[_Tx], message: str, error: StorageError | None = None) -> None:
+        if isinstance(error, StorageFull):
+            report_disk_full(log, error)  # at most once per interval
+        else:
+            log.error("%s", message)
         for tx in batch:
             if not tx.future.done():
-                tx.future.set_exception(StorageError(message))
+                tx.future.set_exception(error or StorageError(message))
 
     def _announce(self, notes: Notes) -> None:
         for ffqn in notes.pending:
@@ -1492,6 +1497,8 @@ def _translate(e: Exception) -> Exception:
         return e
     if isinstance(e, IllegalAppend):
         return Conflict(str(e))
+    if is_disk_full(e):  # DiskFullError (SQLSTATE 53100)
+        return write_error(e)
     if isinstance(e, asyncpg.PostgresError):
         return StorageError(f"database error: {first_line(e)}")
     return e

@@ -84,6 +84,7 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
+from engine.storage.disk_full import is_disk_full, write_error
 from engine.storage.leases import ExecutorLeases
 from engine.storage.notify import Notifier, ResponseInbox
 from engine.storage.sqlite_cache import SummaryCache, record_unknown_writes
@@ -594,7 +595,7 @@ class _Writer:
             outcomes, wrote, posted = _run_batch_counting(conn, batch, self.early, more, optimistic)
             committed = True
         except Exception as e:  # the connection itself failed
-            error = StorageError(f"database write failed: {e}")
+            error = write_error(e)
             outcomes, wrote, committed = [(False, error, _Notes()) for _ in batch], False, False
         finally:
             _release(conn)  # whatever happened, the next writer may go
@@ -1838,7 +1839,7 @@ def _run_batch_savepoints_uncached(
         with contextlib.suppress(sqlite3.Error):
             _end(conn, "ROLLBACK")
         if len(batch) == 1:
-            return [(False, StorageError(f"database write failed: {e}"), _Notes())]
+            return [(False, write_error(e), _Notes())]
         # Retry each alone so that one bad transaction cannot fail the others.
         return [o for tx in batch for o in _run_batch_savepoints_uncached(conn, [tx], early)]
     return outcomes
@@ -1849,8 +1850,8 @@ def _translate(e: Exception) -> Exception:
         return e
     if isinstance(e, IllegalAppend):
         return Conflict(str(e))
-    if isinstance(e, sqlite3.Error):
-        return StorageError(f"database error: {e}")
+    if isinstance(e, sqlite3.Error) or is_disk_full(e):
+        return write_error(e, "database error")
     return e
 
 
