@@ -89,7 +89,7 @@ class ConsoleServer(Server):
             )
         return response
 
-    async def handle_index(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]
+    async def handle_index(self, request: web.Request) -> web.StreamResponse:
         """The page, its URLs on the origin the browser asked for (textual-serve uses the
         listen address: a page opened as `localhost` would open its WebSocket on
         `127.0.0.1`, another origin without the cookie)."""
