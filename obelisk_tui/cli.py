@@ -3,7 +3,8 @@
     obelisk-tui --demo                         # the demo deployment, embedded, with traffic
     obelisk-tui --deployment FILE [--data-dir DIR] [--processes N|auto]
     obelisk-tui --attach http://127.0.0.1:5005 # a running `obelisk server` (OBELISK_API_TOKEN)
-    obelisk-tui --serve [--demo | --deployment FILE] [--serve-listen 127.0.0.1:8000]
+    obelisk-tui --serve [--demo | --deployment FILE | --attach URL] [--serve-listen 127.0.0.1:8000]
+                [--serve-max-sessions 8] [--serve-public]   # opened with the printed ?token= URL
 
 A mistake (bad file, unreachable server, wrong token) is one line on stderr, exit 1.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from engine.affinity import parse_processes
 from engine.client import DEFAULT_API_URL
+from obelisk_tui.serve_rules import DEFAULT_MAX_SESSIONS, max_sessions_arg
 
 TOKEN_ENV = "OBELISK_API_TOKEN"
 
@@ -66,13 +68,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--serve",
         action="store_true",
-        help="serve the console to browsers (textual-serve), on one shared engine",
+        help="serve the console to browsers (textual-serve), on one shared engine; "
+        f"the printed URL carries a token (or {TOKEN_ENV} when set) that every request needs",
     )
     p.add_argument(
         "--serve-listen",
         default="127.0.0.1:8000",
         metavar="HOST:PORT",
-        help="with --serve: where browsers connect (default 127.0.0.1:8000)",
+        help="with --serve: where browsers connect (default 127.0.0.1:8000; "
+        "a non-loopback address needs --serve-public)",
+    )
+    p.add_argument(
+        "--serve-max-sessions",
+        type=max_sessions_arg,
+        default=DEFAULT_MAX_SESSIONS,
+        metavar="N",
+        help=f"with --serve: browser sessions (console processes) at once, more are refused "
+        f"(default {DEFAULT_MAX_SESSIONS})",
+    )
+    p.add_argument(
+        "--serve-public",
+        action="store_true",
+        help="with --serve: allow a non-loopback --serve-listen; anyone with the token who "
+        "reaches it drives the engine (put TLS in front, e.g. a reverse proxy)",
     )
     return p
 
@@ -210,12 +228,16 @@ async def _start_traffic(app: object) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from engine.server.run import ListenError, parse_listen
+    from obelisk_tui.serve_rules import listen_problem
 
     try:
         host, port = parse_listen(args.serve_listen)
     except ListenError as e:
         print(f"error: --serve-listen: {e}", file=sys.stderr)
         return 2
+    if (problem := listen_problem(host, args.serve_public)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     if args.attach:
         api_url = args.attach.rstrip("/")
         return asyncio.run(_serve_web(host, port, api_url, None, None, args))
@@ -240,20 +262,22 @@ async def _serve_web(
     args: argparse.Namespace,
 ) -> int:
     from aiohttp import web
-    from textual_serve.server import Server
 
     from engine.errors import DeploymentError, StorageError
     from engine.processes import HelperError
-    from engine.server.run import start_server
+    from engine.server.run import _url, start_server
+    from obelisk_tui.serve import ConsoleServer
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     engine_server = None
     traffic = None
+    # The browsers' token: the API token when set (the operator has it already), else a
+    # new one, which an embedded engine's API takes too.
+    token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(32)
     if api_url is None:
         assert deployment is not None and data_dir is not None
-        token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(32)
         os.environ[TOKEN_ENV] = token  # the browser sessions' consoles inherit it
         print(f"Starting the engine: {deployment}…", flush=True)
         try:
@@ -273,7 +297,9 @@ async def _serve_web(
             )
             traffic.start()
     command = shlex.join([sys.executable, "-m", "obelisk_tui", "--attach", api_url])
-    server = Server(command, host=host, port=port, title="Obelisk console")
+    server = ConsoleServer(
+        command, host=host, port=port, token=token, max_sessions=args.serve_max_sessions
+    )
     runner = web.AppRunner(await server._make_app(), access_log=None)
     await runner.setup()
     try:
@@ -285,7 +311,7 @@ async def _serve_web(
             await engine_server.stop()
         return 1
     print(f"API of the shared engine: {api_url}", flush=True)
-    print(f"Console in the browser: http://{host}:{port}  (ctrl+c stops)", flush=True)
+    print(f"Console in the browser: {_url(host, port)}/?token={token}  (ctrl+c stops)", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -293,14 +293,17 @@ async def test_console_in_chromium(chromium_path: str, tmp_path: Path) -> None:
     chromium: Chromium | None = None
     try:
         line = await asyncio.to_thread(serve.wait_line, "Console in the browser:", START_TIMEOUT)
-        url = f"http://127.0.0.1:{port}"
-        assert url in line, line
+        # The URL the operator opens carries the token; the page then lives on its cookie.
+        url = line.split("Console in the browser:", 1)[1].split()[0]
+        assert url.startswith(f"http://127.0.0.1:{port}/?token="), line
         api_line = serve.wait_line("API of the shared engine:", 1.0)
         api_url = api_line.split("API of the shared engine:", 1)[1].strip()
 
         chromium = Chromium(chromium_path, tmp_path / "profile", tmp_path / "chromium.log")
         async with open_page(chromium, url) as page:
             await _browse(page, api_url, tmp_path)
+            # The session cookie is HttpOnly: no script on the page can read it.
+            assert await page.cdp.evaluate("document.cookie") == ""
             # q ends the session: textual-serve's page says so.
             await page.press("q")
             await async_wait_for(
