@@ -313,9 +313,7 @@ def check_unpause(s: ExecutionSummary, execution_id: str) -> None:
         raise Conflict(f"execution {execution_id} is not paused")
 
 
-def cancel_events(
-    s: ExecutionSummary, execution_id: str, force: bool = False
-) -> list[ev.Event]:
+def cancel_events(s: ExecutionSummary, execution_id: str, force: bool = False) -> list[ev.Event]:
     """The events that request the cancellation of `s` (SPEC §8), or an error. A forced
     request is recorded as such only where the force was needed: forcing what is
     cancellable anyway is a plain cancel."""
