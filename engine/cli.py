@@ -710,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (
         ("pause", "pause an execution"),
         ("unpause", "unpause an execution"),
-        ("cancel", "cancel an activity or a -cancellable workflow"),
+        ("cancel", "cancel an activity or a -cancellable workflow (--force: any workflow)"),
     ):
         p = ex.add_parser(name, parents=[common, json_flag], help=text)
         p.add_argument("id", metavar="ID")

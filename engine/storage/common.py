@@ -105,7 +105,7 @@ def cancel_refusal(
         return NotCancellable(
             f"execution {execution_id} ({ffqn}) is not cancellable: only activities and "
             "workflows whose function name ends in -cancellable can be cancelled (a forced "
-            "cancel ends it anyway: `obelisk execution cancel --force`, `?force=true`)"
+            "cancel ends it anyway)"
         )
     if finished:
         return Conflict(f"execution {execution_id} is already finished")

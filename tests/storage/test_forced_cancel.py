@@ -26,7 +26,7 @@ async def test_forced_cancel_of_a_locked_workflow_is_recorded_and_interrupts_it(
 ) -> None:
     eid = await create(storage, WORKFLOW_FFQN)
     le = await lock(storage, eid, 1)
-    with pytest.raises(NotCancellable, match="--force"):
+    with pytest.raises(NotCancellable, match="a forced cancel ends it anyway"):
         await storage.request_cancellation(eid, at(2))
     assert kinds(await storage.get_events(eid)) == ["created", "locked"]
 
