@@ -5,16 +5,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
-
-from engine.client import ApiError
 from engine.core import events as ev
 from engine.engine import Engine
-from obelisk_tui.backend import EmbeddedBackend, RestBackend
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from tests.console.conftest import FANOUT, ORDER, open_console, screen_text, until
-from tests.console.test_backends import backends, engine  # noqa: F401 (fixtures)
 from tests.console.test_console import notices, open_detail, state_of
 
 
@@ -63,19 +58,3 @@ async def test_force_cancel_is_not_offered_for_what_cancel_ends(console_engine: 
         await pilot.press("X")
         await until(pilot, lambda: any("without force" in n for n in notices(app)), what="why")
         assert not isinstance(app.screen, ConfirmScreen)
-
-
-async def test_both_console_backends_send_the_force(
-    backends: tuple[EmbeddedBackend, RestBackend],
-) -> None:
-    embedded, rest = backends
-    engine = embedded.engine
-    later = engine.clock.now() + timedelta(days=1)
-    for backend in (embedded, rest):
-        eid = await engine.submit(FANOUT, [1], scheduled_at=later)
-        with pytest.raises(ApiError, match="not cancellable") as refused:
-            await backend.cancel(eid)
-        assert refused.value.status == 422
-        await backend.cancel(eid, force=True)
-        events = [e.event for e in await engine.storage.get_events(eid)]
-        assert ev.CancellationRequested(forced=True) in events, backend.label
