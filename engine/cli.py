@@ -7,6 +7,7 @@
     obelisk execution list [--ffqn PREFIX] [--state S] [--hide-finished] [--limit N] [--json]
     obelisk execution status|result|events|responses|logs ID [--json]
     obelisk execution pause|unpause|cancel ID
+    obelisk execution cancel --force ID
     obelisk execution stub ID '{"ok": value}'
     obelisk execution persist-backtraces ID [--json]
     obelisk delay cancel ID
@@ -435,11 +436,15 @@ def _action(name: str) -> Callable[[argparse.Namespace], int]:
 
     def run(args: argparse.Namespace) -> int:
         client = _client(args)
-        info: ExecutionInfo = getattr(client, name)(args.id)
+        force = getattr(args, "force", False)
+        info: ExecutionInfo = (
+            client.cancel(args.id, force=True) if force else getattr(client, name)(args.id)
+        )
         if args.json:
             _print_json(info)
         else:
-            print(f"{past[name]} {info['execution_id']}: now {format_state(info['state'])}")
+            verb = "forced " + past[name] if force else past[name]
+            print(f"{verb} {info['execution_id']}: now {format_state(info['state'])}")
         return 0
 
     return run
@@ -707,10 +712,18 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (
         ("pause", "pause an execution"),
         ("unpause", "unpause an execution"),
-        ("cancel", "cancel an activity or a -cancellable workflow"),
+        ("cancel", "cancel an activity or a -cancellable workflow (--force: any workflow)"),
     ):
         p = ex.add_parser(name, parents=[common, json_flag], help=text)
         p.add_argument("id", metavar="ID")
+        if name == "cancel":
+            p.add_argument(
+                "--force",
+                action="store_true",
+                help="end a workflow that is not -cancellable anyway (e.g. stuck in an "
+                "endless loop): its run is interrupted, its children are cancelled, it "
+                "finishes cancelled; recorded in its log as forced",
+            )
         p.set_defaults(handler=_action(name))
 
     p = ex.add_parser(

@@ -320,8 +320,11 @@ class ApiClient:
     def unpause(self, execution_id: str) -> ExecutionInfo:
         return cast(ExecutionInfo, self._request("PUT", self._path(execution_id, "unpause")))
 
-    def cancel(self, execution_id: str) -> ExecutionInfo:
-        return cast(ExecutionInfo, self._request("PUT", self._path(execution_id, "cancel")))
+    def cancel(self, execution_id: str, force: bool = False) -> ExecutionInfo:
+        """Cancel (SPEC §8); `force` ends a workflow that is not -cancellable anyway."""
+        query = [("force", "true")] if force else []
+        path = self._path(execution_id, "cancel")
+        return cast(ExecutionInfo, self._request("PUT", path, query))
 
     def cancel_delay(self, delay_id: str) -> ExecutionInfo:
         """Cancel a delay; returns the workflow that owns it (it gets the response)."""

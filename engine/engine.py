@@ -344,8 +344,10 @@ class Engine:
     async def unpause(self, execution_id: str) -> None:
         await self.storage.unpause(execution_id, self.clock.now())
 
-    async def cancel(self, execution_id: str) -> None:
-        await self.storage.request_cancellation(execution_id, self.clock.now())
+    async def cancel(self, execution_id: str, force: bool = False) -> None:
+        """Request a cancellation (SPEC §8). `force` also ends a workflow that is not
+        `-cancellable` (one stuck in an endless loop): recorded in its log as forced."""
+        await self.storage.request_cancellation(execution_id, self.clock.now(), force)
 
     async def cancel_delay(self, delay_id: str) -> str:
         """Answer a delay with `delay_finished(cancelled)` (SPEC §8); returns the id of

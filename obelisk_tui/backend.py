@@ -108,7 +108,7 @@ class ConsoleBackend(Protocol):
 
     async def unpause(self, execution_id: str) -> None: ...
 
-    async def cancel(self, execution_id: str) -> None: ...
+    async def cancel(self, execution_id: str, force: bool = False) -> None: ...
 
     async def stub(self, execution_id: str, result: Mapping[str, Any]) -> None: ...
 
@@ -241,8 +241,8 @@ class EmbeddedBackend:
     async def unpause(self, execution_id: str) -> None:
         await self._call(self.engine.unpause(execution_id))
 
-    async def cancel(self, execution_id: str) -> None:
-        await self._call(self.engine.cancel(execution_id))
+    async def cancel(self, execution_id: str, force: bool = False) -> None:
+        await self._call(self.engine.cancel(execution_id, force))
 
     async def stub(self, execution_id: str, result: Mapping[str, Any]) -> None:
         await self._call(self.engine.stub(execution_id, dict(result)))
@@ -413,8 +413,9 @@ class RestBackend:
     async def unpause(self, execution_id: str) -> None:
         await self._request("PUT", self._path(execution_id, "unpause"))
 
-    async def cancel(self, execution_id: str) -> None:
-        await self._request("PUT", self._path(execution_id, "cancel"))
+    async def cancel(self, execution_id: str, force: bool = False) -> None:
+        query = [("force", "true")] if force else []
+        await self._request("PUT", self._path(execution_id, "cancel"), query=query)
 
     async def stub(self, execution_id: str, result: Mapping[str, Any]) -> None:
         await self._request("PUT", self._path(execution_id, "stub"), body=dict(result))

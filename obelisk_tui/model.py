@@ -16,6 +16,7 @@ from engine.client import (
     ParamInfo,
     ResponseEntry,
 )
+from engine.storage.common import cancel_refusal, is_cancellable
 from engine.storage.contract import LIST_ORDERS, ListFilter, ListOrder
 
 # ---------------------------------------------------------------------------------------
@@ -120,12 +121,9 @@ def is_workflow(info: ExecutionInfo) -> bool:
     return info["component_type"].startswith("workflow")
 
 
-def is_cancellable(info: ExecutionInfo) -> bool:
-    return not is_workflow(info) or info["ffqn"].endswith("-cancellable")
-
-
 def refusal(action: str, info: ExecutionInfo) -> str | None:
-    """Why `action` (pause, unpause, cancel, stub) does not apply to the execution, or None."""
+    """Why `action` (pause, unpause, cancel, force_cancel, stub) does not apply to the
+    execution, or None. Cancellation asks the storage's own rule (`cancel_refusal`)."""
     state = info["state"]
     name = state_name(state)
     eid = info["execution_id"]
@@ -146,15 +144,20 @@ def refusal(action: str, info: ExecutionInfo) -> str | None:
         return None if "paused" in layers else f"{eid} is not paused"
     if action == "stub":
         return None
-    if action == "cancel":
-        if "cancelling" in layers:
-            return f"{eid} is already being cancelled"
-        if not is_cancellable(info):
-            return (
-                f"{eid} is not cancellable: only activities, and workflows whose function "
-                "name ends in -cancellable, can be cancelled"
-            )
-        return None
+    if action in ("cancel", "force_cancel"):
+        force = action == "force_cancel"
+        if force and is_cancellable(info["ffqn"], is_workflow(info)):
+            # Forcing it would be a plain cancel: `c` says so without the warning.
+            return f"{eid} is cancellable: cancel it without force"
+        refused = cancel_refusal(
+            eid,
+            info["ffqn"],
+            is_workflow=is_workflow(info),
+            finished=False,  # answered above
+            cancelling="cancelling" in layers,
+            force=force,
+        )
+        return None if refused is None else str(refused)
     return f"unknown action {action}"
 
 

@@ -268,9 +268,15 @@ class Unpaused(msgspec.Struct, frozen=True, tag="unpaused", tag_field="type"):
 
 
 class CancellationRequested(
-    msgspec.Struct, frozen=True, tag="cancellation_requested", tag_field="type"
+    msgspec.Struct,
+    frozen=True,
+    tag="cancellation_requested",
+    tag_field="type",
+    omit_defaults=True,  # a plain request is stored as before: old logs decode unchanged
 ):
-    pass
+    #: An operator forced the cancellation of a workflow that is not `-cancellable`
+    #: (SPEC §8 would refuse it): e.g. one stuck in an endless loop.
+    forced: bool = False
 
 
 class UpgradeSuccess(msgspec.Struct, frozen=True, tag="success", tag_field="type"):

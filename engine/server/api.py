@@ -502,7 +502,7 @@ async def _unpause(request: web.Request) -> web.Response:
 async def _cancel(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
-    await engine.cancel(eid)
+    await engine.cancel(eid, force=_bool_query(request, "force"))
     return _json(execution_info(await engine.storage.get_row(eid)))
 
 
@@ -644,6 +644,23 @@ def _action(summary: str, *errors: int) -> dict[str, Any]:
             },
         }
     }
+
+
+def _cancel_action() -> dict[str, Any]:
+    doc = _action(
+        "Cancel an activity or a -cancellable workflow (any workflow with force)", 409, 422
+    )
+    doc["put"]["parameters"].append(
+        {
+            "name": "force",
+            "in": "query",
+            "required": False,
+            "description": "End a workflow that is not -cancellable anyway (e.g. one stuck in "
+            "an endless loop); recorded in its log as a forced cancellation_requested",
+            "schema": {"type": "boolean", "default": False},
+        }
+    )
+    return doc
 
 
 def openapi_document(*, auth: bool = True) -> dict[str, Any]:
@@ -1075,9 +1092,7 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
         },
         "/v1/executions/{execution_id}/pause": _action("Pause an execution", 409),
         "/v1/executions/{execution_id}/unpause": _action("Unpause a paused execution", 409),
-        "/v1/executions/{execution_id}/cancel": _action(
-            "Cancel an activity or a -cancellable workflow", 409, 422
-        ),
+        "/v1/executions/{execution_id}/cancel": _cancel_action(),
         "/v1/delays/{delay_id}/cancel": {
             "put": {
                 "summary": "Cancel a delay: its workflow gets delay_finished(cancelled)",

@@ -79,9 +79,39 @@ def function_name(ffqn: str) -> str:
     return ffqn.rsplit(".", 1)[-1]
 
 
-def is_cancellable(summary: ExecutionSummary) -> bool:
-    """SPEC §8: activities, and workflows whose function name ends in `-cancellable`."""
-    return not summary.is_workflow or function_name(summary.ffqn).endswith("-cancellable")
+def is_cancellable(ffqn: str, is_workflow: bool) -> bool:
+    """SPEC §8: activities, and workflows whose function name ends in `-cancellable`
+    (others only by force: `cancel_refusal`)."""
+    return not is_workflow or function_name(ffqn).endswith("-cancellable")
+
+
+def cancel_refusal(
+    execution_id: str,
+    ffqn: str,
+    *,
+    is_workflow: bool,
+    finished: bool,
+    cancelling: bool,
+    force: bool = False,
+) -> NotCancellable | Conflict | None:
+    """Why `execution_id` may not be cancelled now (SPEC §8), or None when it may: the
+    one rule of the storage backends (which raise the error), the API and CLI (through
+    them) and the console (which shows its message before asking).
+
+    `force` lifts only the `-cancellable` rule: an operator's way to end a workflow that
+    can never finish (an endless loop retried forever). A finished execution or a second
+    request is a conflict, forced or not."""
+    if not force and not is_cancellable(ffqn, is_workflow):
+        return NotCancellable(
+            f"execution {execution_id} ({ffqn}) is not cancellable: only activities and "
+            "workflows whose function name ends in -cancellable can be cancelled (a forced "
+            "cancel ends it anyway)"
+        )
+    if finished:
+        return Conflict(f"execution {execution_id} is already finished")
+    if cancelling:
+        return Conflict(f"cancellation of execution {execution_id} was already requested")
+    return None
 
 
 @dataclass(slots=True)
@@ -283,18 +313,22 @@ def check_unpause(s: ExecutionSummary, execution_id: str) -> None:
         raise Conflict(f"execution {execution_id} is not paused")
 
 
-def cancel_events(s: ExecutionSummary, execution_id: str) -> list[ev.Event]:
-    """The events that request the cancellation of `s` (SPEC §8), or an error."""
-    if not is_cancellable(s):
-        raise NotCancellable(
-            f"execution {execution_id} ({s.ffqn}) is not cancellable: only activities and "
-            "workflows whose function name ends in -cancellable can be cancelled"
-        )
-    if s.is_finished:
-        raise Conflict(f"execution {execution_id} is already finished")
-    if s.cancelling:
-        raise Conflict(f"cancellation of execution {execution_id} was already requested")
-    events: list[ev.Event] = [ev.CancellationRequested()]
+def cancel_events(s: ExecutionSummary, execution_id: str, force: bool = False) -> list[ev.Event]:
+    """The events that request the cancellation of `s` (SPEC §8), or an error. A forced
+    request is recorded as such only where the force was needed: forcing what is
+    cancellable anyway is a plain cancel."""
+    refused = cancel_refusal(
+        execution_id,
+        s.ffqn,
+        is_workflow=s.is_workflow,
+        finished=s.is_finished,
+        cancelling=s.cancelling,
+        force=force,
+    )
+    if refused is not None:
+        raise refused
+    forced = force and not is_cancellable(s.ffqn, s.is_workflow)
+    events: list[ev.Event] = [ev.CancellationRequested(forced=forced)]
     if not s.is_workflow and not isinstance(s.underlying, Locked):
         # Nothing runs: the activity is finished right away.
         events.append(ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested")))

@@ -303,9 +303,12 @@ class Storage(Protocol):
 
     async def unpause(self, execution_id: str, now: datetime) -> ExecutionSummary: ...
 
-    async def request_cancellation(self, execution_id: str, now: datetime) -> ExecutionSummary:
-        """Cancel an activity or a `-cancellable` workflow (SPEC §8). A pending activity
-        is finished `cancelled` at once; a locked one is interrupted by its executor."""
+    async def request_cancellation(
+        self, execution_id: str, now: datetime, force: bool = False
+    ) -> ExecutionSummary:
+        """Cancel an activity or a `-cancellable` workflow (SPEC §8); with `force`, any
+        workflow (`cancel_refusal`). A pending activity is finished `cancelled` at once; a
+        locked one is interrupted by its executor."""
 
     async def cancel_delay(self, delay_id: str, now: datetime) -> ExecutionSummary:
         """Answer a live delay with `delay_finished(cancelled)`; returns the owning

@@ -901,10 +901,12 @@ class PostgresStorage:
 
         return await self._write(tx, (execution_id,))
 
-    async def request_cancellation(self, execution_id: str, now: datetime) -> ExecutionSummary:
+    async def request_cancellation(
+        self, execution_id: str, now: datetime, force: bool = False
+    ) -> ExecutionSummary:
         async def tx(c: _Conn, n: Notes) -> ExecutionSummary:
             s, _ = await _load_for_update(c, execution_id)
-            events = cancel_events(s, execution_id)
+            events = cancel_events(s, execution_id, force)
             return await _append(c, n, execution_id, s.next_version, events, now, None)
 
         return await self._write(tx, _with_parent(execution_id))

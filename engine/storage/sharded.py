@@ -284,9 +284,11 @@ class ShardedStorage:
     async def unpause(self, execution_id: str, now: datetime) -> ExecutionSummary:
         return await (await self._shard_of(execution_id)).unpause(execution_id, now)
 
-    async def request_cancellation(self, execution_id: str, now: datetime) -> ExecutionSummary:
+    async def request_cancellation(
+        self, execution_id: str, now: datetime, force: bool = False
+    ) -> ExecutionSummary:
         shard = await self._shard_of(execution_id)
-        return await shard.request_cancellation(execution_id, now)
+        return await shard.request_cancellation(execution_id, now, force)
 
     async def cancel_delay(self, delay_id: str, now: datetime) -> ExecutionSummary:
         return await (await self._shard_of_delay(delay_id)).cancel_delay(delay_id, now)

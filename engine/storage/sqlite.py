@@ -935,8 +935,10 @@ class SqliteStorage:
 
         return await self._write(tx)
 
-    async def request_cancellation(self, execution_id: str, now: datetime) -> ExecutionSummary:
-        return await self._write(lambda c, n: _cancel(c, n, execution_id, now))
+    async def request_cancellation(
+        self, execution_id: str, now: datetime, force: bool = False
+    ) -> ExecutionSummary:
+        return await self._write(lambda c, n: _cancel(c, n, execution_id, now, force))
 
     async def cancel_delay(self, delay_id: str, now: datetime) -> ExecutionSummary:
         return await self._write(lambda c, n: _cancel_delay(c, n, delay_id, now))
@@ -2506,10 +2508,10 @@ def _pause(
 
 
 def _cancel(
-    conn: sqlite3.Connection, notes: _Notes, execution_id: str, now: datetime
+    conn: sqlite3.Connection, notes: _Notes, execution_id: str, now: datetime, force: bool
 ) -> ExecutionSummary:
     s = _load_summary(conn, execution_id)
-    events = cancel_events(s, execution_id)
+    events = cancel_events(s, execution_id, force)
     return _append(conn, notes, execution_id, s.next_version, events, now, None)
 
 

@@ -16,6 +16,11 @@ guest code runs — with the structured-concurrency rules of SPEC §7.3:
 * once every member of every join set has answered, `finished(execution_failure
   {cancelled})` is appended, which also answers the workflow's parent.
 
+A workflow that is not `-cancellable` gets here only by a *forced* cancellation (an
+operator ending one that can never finish, `cancellation_requested{forced}`). It is torn
+down the same way, except that its child workflows are forced too instead of awaited: a
+child stuck in an endless loop would otherwise keep the forced parent from ending.
+
 Everything is derived from the log and the responses on every pass, so the driver can
 be stopped and run again at any point (a crash, another engine sharing the database):
 a step that was already taken is recognised and not repeated, a step that raced with
@@ -43,6 +48,7 @@ from datetime import datetime
 from engine.core import events as ev
 from engine.core.clock import Clock
 from engine.core.state import ExecutionSummary, Locked
+from engine.storage.common import is_cancellable
 from engine.storage.contract import Conflict, NotCancellable, NotFound, Storage, StorageError
 
 log = logging.getLogger("obelisk.cancellation")
@@ -112,6 +118,8 @@ class TeardownView:
     finished: bool
     #: In creation order.
     join_sets: list[JoinSetView]
+    #: The cancellation was forced: child workflows are forced too, not awaited.
+    forced: bool = False
 
     def current(self) -> JoinSetView | None:
         """The join set to close now: the last created one that is not done."""
@@ -150,6 +158,10 @@ def teardown_view(
 ) -> TeardownView:
     """The join sets of a workflow, from its log and responses."""
     finished = any(isinstance(stored.event, ev.Finished) for stored in events)
+    forced = any(
+        isinstance(stored.event, ev.CancellationRequested) and stored.event.forced
+        for stored in events
+    )
     join_sets = join_sets_in(
         stored.event.event for stored in events if isinstance(stored.event, ev.HistoryEvent)
     )
@@ -160,7 +172,7 @@ def teardown_view(
         if js_view is not None:
             js_view.answered.add(source)
     next_version = events[-1].version + 1 if events else 0
-    return TeardownView(next_version, finished, list(join_sets.values()))
+    return TeardownView(next_version, finished, list(join_sets.values()), forced)
 
 
 # ---------------------------------------------------------------------------------------
@@ -315,7 +327,7 @@ class CancellationDriver:
                         execution_id, view.next_version, [ev.Finished(CANCELLED)], now
                     )
                 return
-            if await self._cancel_members(execution_id, js.unanswered(), now):
+            if await self._cancel_members(execution_id, js.unanswered(), now, view.forced):
                 continue  # cancelled members may have answered already: plan again
             count = js.closing_join_nexts()
             if count == 0:
@@ -330,17 +342,17 @@ class CancellationDriver:
         log.error("cancellation of %s: no end after %d rounds", execution_id, self.MAX_ROUNDS)
 
     async def _cancel_members(
-        self, execution_id: str, members: list[Member], now: datetime
+        self, execution_id: str, members: list[Member], now: datetime, forced: bool
     ) -> bool:
-        """Cancel what may be cancelled, in the given (reverse submission) order. Returns
-        whether anything was written."""
+        """Cancel what may be cancelled (with `forced`, every child), in the given
+        (reverse submission) order. Returns whether anything was written."""
         summaries = await asyncio.gather(*(self._child_summary(m) for m in members))
         writes = []
         for member, child in zip(members, summaries, strict=True):
             if member.is_delay:
                 writes.append(self.storage.cancel_delay(member.id, now))
-            elif child is not None and _needs_cancellation(child):
-                writes.append(self.storage.request_cancellation(member.id, now))
+            elif child is not None and _needs_cancellation(child, forced):
+                writes.append(self.storage.request_cancellation(member.id, now, forced))
         if not writes:
             return False
         # Started in order, the writes are queued (and committed) in that order.
@@ -366,14 +378,12 @@ class CancellationDriver:
             return None
 
 
-def _needs_cancellation(child: ExecutionSummary) -> bool:
-    """An activity or a `-cancellable` workflow that was not cancelled yet; other child
-    workflows are awaited."""
+def _needs_cancellation(child: ExecutionSummary, forced: bool) -> bool:
+    """An activity or a `-cancellable` workflow (with `forced`, any child) that was not
+    cancelled yet; other child workflows are awaited."""
     if child.is_finished or child.cancelling:
         return False
-    if not child.is_workflow:
-        return True
-    return child.ffqn.rsplit(".", 1)[-1].endswith("-cancellable")
+    return forced or is_cancellable(child.ffqn, child.is_workflow)
 
 
 __all__ = ["CancellationDriver", "JoinSetView", "Member", "TeardownView", "teardown_view"]

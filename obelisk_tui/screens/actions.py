@@ -11,9 +11,16 @@ from obelisk_tui import model
 if TYPE_CHECKING:
     from obelisk_tui.app import ObeliskApp
 
-VERBS = {"pause": "paused", "unpause": "unpaused", "cancel": "cancellation requested for"}
+VERBS = {
+    "pause": "paused",
+    "unpause": "unpaused",
+    "cancel": "cancellation requested for",
+    "force_cancel": "forced cancellation requested for",
+}
 #: Every action a footer key stands for (`stub` opens `StubScreen`, for one execution).
-ACTIONS = ("pause", "unpause", "cancel", "stub")
+ACTIONS = ("pause", "unpause", "cancel", "force_cancel", "stub")
+#: Rarely applicable: their keys are hidden, not greyed, where they do not apply.
+RARE = ("stub", "force_cancel")
 
 
 def applicable(action: str, targets: list[ExecutionInfo]) -> bool:
@@ -27,7 +34,7 @@ def key_state(action: str, targets: list[ExecutionInfo]) -> bool | None:
     says why), or, for the rarely applicable stub, hidden (False) where it does not apply."""
     if applicable(action, targets):
         return True
-    return False if action == "stub" else None
+    return False if action in RARE else None
 
 
 def explain(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> None:
@@ -56,6 +63,16 @@ async def stub(app: ObeliskApp, info: ExecutionInfo) -> None:
         await app.push_screen_wait(StubScreen(info))
 
 
+def force_question(info: ExecutionInfo) -> str:
+    """The confirmation a forced cancel needs: what the operator overrides, and what
+    happens."""
+    return (
+        f"{info['execution_id']} ({info['ffqn']}) is not cancellable. End it by force? "
+        "Its run is interrupted, its children are cancelled and it finishes cancelled; "
+        "the log records the forced cancellation."
+    )
+
+
 async def perform(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> int:
     """Run `action` on every target it applies to; report the outcome. Returns how many
     succeeded."""
@@ -68,7 +85,10 @@ async def perform(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) ->
             continue
         eid = info["execution_id"]
         try:
-            await getattr(app.backend, action)(eid)
+            if action == "force_cancel":
+                await app.backend.cancel(eid, force=True)
+            else:
+                await getattr(app.backend, action)(eid)
             done.append(eid)
         except ApiError as e:
             failed.append(f"{eid}: {e.message}")

@@ -73,6 +73,9 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         Binding("u", "explain('unpause')", show=False),
         Binding("c", "act('cancel')", "Cancel"),
         Binding("c", "explain('cancel')", show=False),
+        # Not in the footer: a last resort, listed by `?` help (and the README).
+        Binding("X", "act('force_cancel')", "Force cancel", show=False),
+        Binding("X", "explain('force_cancel')", show=False),
         Binding("S", "stub", "Stub"),
         Binding("S", "explain('stub')", show=False),
         *[Binding(str(i + 1), f"tab('{t}')", t.title(), show=False) for i, t in enumerate(TABS)],
@@ -317,6 +320,10 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
             return
         if action == "cancel" and not await self.app.push_screen_wait(
             ConfirmScreen(f"Cancel {self.execution_id}?")
+        ):
+            return
+        if action == "force_cancel" and not await self.app.push_screen_wait(
+            ConfirmScreen(actions.force_question(self.info))
         ):
             return
         await actions.perform(self.obelisk, action, [self.info])

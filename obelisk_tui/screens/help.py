@@ -46,6 +46,7 @@ DETAIL: Rows = [
     ("P", "open the parent execution"),
     ("p u c", "pause / unpause / cancel (asks first) this execution"),
     ("S", "stub this execution, if it is an unfinished activity_stub"),
+    ("X", "force-cancel this workflow that is not -cancellable (asks first, says so)"),
     ("esc backspace", "back"),
 ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from engine.client import ApiError, ServerUnreachable
+from engine.core import events as ev
 from engine.engine import Engine
 from engine.server.api import make_app
 from obelisk_tui.backend import EmbeddedBackend, RestBackend
@@ -336,3 +338,19 @@ async def test_the_components_screen_says_a_rejected_token_is_not_retried(
     finally:
         await rest.close()
         await server.close()
+
+
+async def test_both_console_backends_send_the_force(
+    backends: tuple[EmbeddedBackend, RestBackend],
+) -> None:
+    embedded, rest = backends
+    engine = embedded.engine
+    later = engine.clock.now() + timedelta(days=1)
+    for backend in (embedded, rest):
+        eid = await engine.submit(FANOUT, [1], scheduled_at=later)
+        with pytest.raises(ApiError, match="not cancellable") as refused:
+            await backend.cancel(eid)
+        assert refused.value.status == 422
+        await backend.cancel(eid, force=True)
+        events = [e.event for e in await engine.storage.get_events(eid)]
+        assert ev.CancellationRequested(forced=True) in events, backend.label
