@@ -502,7 +502,7 @@ async def _unpause(request: web.Request) -> web.Response:
 async def _cancel(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
-    await engine.cancel(eid, force=_bool_query(request, "force"))
+    await engine.cancel(eid, force=bool_query(request, "force"))
     return _json(execution_info(await engine.storage.get_row(eid)))
 
 
