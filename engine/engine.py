@@ -30,6 +30,7 @@ from engine.storage.contract import (
     StorageError,
     VersionConflict,
 )
+from engine.storage.data_files import DamagedDatabase, is_damage, private_dir
 from engine.storage.sharded import (
     ShardedStorage,
     existing_shards,
@@ -37,7 +38,6 @@ from engine.storage.sharded import (
     remove_empty_shards,
     shard_path,
 )
-from engine.storage.sqlite_files import DamagedDatabase, is_damage, private_dir
 from engine.workers.pool import RunPool
 from engine.workflow.cancellation import CancellationDriver
 from engine.workflow.executor import WorkflowExecutor
@@ -171,7 +171,7 @@ class Engine:
                 affinity.configure("off")
             remove_empty_shards(data, existing, shards)
             if is_damage(e):
-                raise DamagedDatabase(sqlite_files(data, shard, shards), e) from None
+                raise DamagedDatabase(sqlite_paths(data, shard, shards), e) from None
             raise
         engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine, own_storage=own)
         engine._split_threads = split
@@ -190,7 +190,7 @@ class Engine:
             await engine.stop()
             remove_empty_shards(data, existing, shards)
             if is_damage(e) and not database_url:
-                raise DamagedDatabase(sqlite_files(data, shard, shards), e) from None
+                raise DamagedDatabase(sqlite_paths(data, shard, shards), e) from None
             raise
         if processes > 1 and run_executors:
             # Once this one has opened (and migrated) the database.
@@ -412,7 +412,7 @@ class Engine:
         return await self.storage.wait_for_finished(execution_id, timeout)
 
 
-def sqlite_files(data_dir: Path, shard: int | None, shards: int) -> list[Path]:
+def sqlite_paths(data_dir: Path, shard: int | None, shards: int) -> list[Path]:
     """The SQLite files an engine on `data_dir` opened (`Engine.start`'s arguments)."""
     if shard is not None:
         return [shard_path(data_dir, shard)]

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from engine.core.ids import IdError, parse_executor_id
-from engine.storage.sqlite_files import private_dir
+from engine.storage.data_files import private_dir
 
 try:
     import fcntl

@@ -84,10 +84,10 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
+from engine.storage.data_files import DamagedDatabase, is_damage, private_dir, private_file, probe
 from engine.storage.leases import ExecutorLeases
 from engine.storage.notify import Notifier, ResponseInbox
 from engine.storage.sqlite_cache import SummaryCache, record_unknown_writes
-from engine.storage.sqlite_files import DamagedDatabase, is_damage, private_dir, private_file, probe
 from engine.storage.sqlite_optimistic import (
     UPDATE_SUMMARY,
     BufferedConnection,

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.storage.sqlite_files import private_dir
+from engine.storage.data_files import private_dir
 
 log = logging.getLogger("obelisk.storage")
 

@@ -1,5 +1,6 @@
-"""The SQLite files of a data dir: created readable by their owner only, and a damaged
-one refused at start with a message naming it (instead of a traceback, or an engine
+"""The files of a data dir (SQLite databases, their -wal/-shm, lock, lease and peer
+files, the console's log): created readable by their owner only, and a damaged database
+refused at start with a message naming it (instead of a traceback, or an engine
 that half starts on it).
 
 Privacy: new directories are made 0700 and new files 0600 whatever the umask (the
