@@ -18,6 +18,7 @@ during the start is mapped by `is_damage` / `DamagedDatabase` too.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shlex
 import sqlite3
@@ -107,10 +108,11 @@ def private_dir(path: Path) -> None:
     """Make the directory `path` (0700) and its missing parents (the usual mode)."""
     if path.is_dir():
         return
+    if path.exists():  # a file where the directory should be: say so, as mkdir would below
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=PRIVATE_DIR)
-        # mkdir's mode goes through the umask, which may only remove bits: 0700 or less.
+    # The umask may only take bits away from 0700; another process may make it first.
+    path.mkdir(mode=PRIVATE_DIR, exist_ok=True)
 
 
 def private_file(path: Path) -> None:
