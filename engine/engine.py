@@ -30,11 +30,13 @@ from engine.storage.contract import (
     StorageError,
     VersionConflict,
 )
+from engine.storage.data_files import DamagedDatabase, is_damage, private_dir
 from engine.storage.sharded import (
     ShardedStorage,
     existing_shards,
     open_shards,
     remove_empty_shards,
+    shard_path,
 )
 from engine.workers.pool import RunPool
 from engine.workflow.cancellation import CancellationDriver
@@ -134,8 +136,9 @@ class Engine:
             shards = max(processes, existing)
             processes = shards
         deployment = load_deployment(deployment_path)
-        try:  # the compiled cache (and the SQLite database) live there
-            (data / "cache").mkdir(parents=True, exist_ok=True)
+        try:  # the compiled cache (and the SQLite database) live there: the owner's only
+            private_dir(data)
+            private_dir(data / "cache")
         except OSError as e:
             raise StorageError(f"cannot use the data directory {data}: {e.strerror or e}") from None
         wasm_engine = WasmEngine()
@@ -163,21 +166,32 @@ class Engine:
             except BaseException:
                 await storage.close()
                 raise
-        except BaseException:
+        except BaseException as e:
             if split:  # nothing started: the caller's thread gets its CPUs back
                 affinity.configure("off")
             remove_empty_shards(data, existing, shards)
+            if is_damage(e):
+                raise DamagedDatabase(sqlite_paths(data, shard, shards), e) from None
             raise
         engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine, own_storage=own)
         engine._split_threads = split
         engine.reloader.add_listener(source_saver(engine))  # and after each reload
         engine.run_executors = run_executors
-        if run_executors:
-            engine._start_executors()
-        if run_watcher:
-            engine.watcher.start()
-            engine.canceller.start()
-        await engine.reloader.start(watch=watch)
+        try:
+            if run_executors:
+                engine._start_executors()
+            if run_watcher:
+                engine.watcher.start()
+                engine.canceller.start()
+            await engine.reloader.start(watch=watch)
+        except BaseException as e:
+            # Stop what did start (executors, watcher, threads, the storage's writer):
+            # left running, they keep the process from exiting.
+            await engine.stop()
+            remove_empty_shards(data, existing, shards)
+            if is_damage(e) and not database_url:
+                raise DamagedDatabase(sqlite_paths(data, shard, shards), e) from None
+            raise
         if processes > 1 and run_executors:
             # Once this one has opened (and migrated) the database.
             engine.helpers = helpers = Helpers(
@@ -398,6 +412,13 @@ class Engine:
 
     async def result(self, execution_id: str, timeout: float | None = None) -> ev.ExecutionResult:
         return await self.storage.wait_for_finished(execution_id, timeout)
+
+
+def sqlite_paths(data_dir: Path, shard: int | None, shards: int) -> list[Path]:
+    """The SQLite files an engine on `data_dir` opened (`Engine.start`'s arguments)."""
+    if shard is not None:
+        return [shard_path(data_dir, shard)]
+    return [shard_path(data_dir, index) for index in range(shards)]
 
 
 __all__ = ["Engine", "NotFound"]

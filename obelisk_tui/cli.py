@@ -97,8 +97,11 @@ def parser() -> argparse.ArgumentParser:
 
 def _log_to_file(data_dir: Path) -> Path:
     """Engine logs go to a file: the terminal belongs to the console."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    from engine.storage.data_files import private_dir, private_file
+
+    private_dir(data_dir)  # like the engine's files: they may hold the executions' data
     path = data_dir / "console.log"
+    private_file(path)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from engine.core.ids import IdError, parse_executor_id
+from engine.storage.data_files import private_dir
 
 try:
     import fcntl
@@ -78,9 +79,9 @@ class ExecutorLeases:
         return lease
 
     def _create_locked(self, executor_id: str) -> int:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         tmp = self.directory / f".{executor_id}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.write(fd, f"{os.getpid()}\n".encode())  # for a curious operator

@@ -84,6 +84,7 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
+from engine.storage.data_files import DamagedDatabase, is_damage, private_dir, private_file, probe
 from engine.storage.disk_full import is_disk_full, write_error
 from engine.storage.leases import ExecutorLeases
 from engine.storage.notify import Notifier, ResponseInbox
@@ -654,13 +655,15 @@ class SqliteStorage:
         does (`PeerBus.has_engine_peers`)."""
         p = Path(path)
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(p.parent)
+            private_file(p)  # its -wal and -shm get its mode from SQLite
             writer = _Writer(p, asyncio.get_running_loop(), max_batch)
             await writer.start()
         except (OSError, sqlite3.Error) as e:
             raise StorageError(f"cannot open database {p}: {e}") from None
         try:
             await writer.call(lambda c: c.execute("PRAGMA busy_timeout = 10000"))
+            await writer.call(probe)  # before anything is written into a damaged file
             await writer.call(lambda c: _set_wal(c, str(p)))
             await writer.call(lambda c: c.execute("PRAGMA synchronous = FULL"))
             await writer.call(lambda c: c.execute("PRAGMA foreign_keys = OFF"))
@@ -671,6 +674,8 @@ class SqliteStorage:
             reader = await _connect(p)
         except sqlite3.Error as e:
             await writer.stop()
+            if is_damage(e):
+                raise DamagedDatabase([p], e) from None
             raise StorageError(f"cannot use database {p}: {e}") from None
         except StorageError:
             await writer.stop()
@@ -681,6 +686,8 @@ class SqliteStorage:
         except sqlite3.Error as e:
             await reader.close()
             await writer.stop()
+            if is_damage(e):
+                raise DamagedDatabase([p], e) from None
             raise StorageError(f"cannot use database {p}: {e}") from None
         storage = cls(p, reader, observer=observer)
         writer.deliver = storage._deliver  # no batch was queued before this

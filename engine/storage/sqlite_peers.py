@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.storage.data_files import private_dir
+
 log = logging.getLogger("obelisk.storage")
 
 #: How long the list of peers is trusted before the directory is read again.
@@ -84,8 +86,8 @@ class PeerBus:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
             sock.bind(self._address(self.name))
             sock.setblocking(False)
-            self.directory.mkdir(parents=True, exist_ok=True)
-            (self.directory / self.name).touch()
+            private_dir(self.directory)
+            (self.directory / self.name).touch(mode=0o600)
         except OSError as e:
             sock.close()
             log.warning(

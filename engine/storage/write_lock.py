@@ -39,7 +39,7 @@ class WriteLock:
         if fcntl is None:
             return
         try:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # private
         except OSError as e:
             log.warning("cannot use the write lock file %s (%s): writers wait in SQLite", path, e)
 
