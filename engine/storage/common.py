@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from engine.core import events as ev
+from engine.core.records import Frame
 from engine.core.state import (
     BlockedByJoinSet,
     ExecutionSummary,
@@ -33,7 +34,6 @@ from engine.storage.contract import (
     LockedExecution,
     NotCancellable,
 )
-from engine.workflow.host_api import Frame
 
 if TYPE_CHECKING:
     from engine.storage.notify import Notifier

@@ -12,10 +12,9 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from engine.core import events as ev
+from engine.core.records import Frame, LogLine
 from engine.core.state import ExecutionSummary, PendingState
 from engine.storage.notify import ResponseInbox
-from engine.workers.outcome import LogLine
-from engine.workflow.host_api import Frame
 
 
 class StorageError(Exception):

@@ -43,6 +43,7 @@ import asyncpg
 
 from engine.core import events as ev
 from engine.core.ids import DelayId, ExecutionId, IdError
+from engine.core.records import Frame, LogLine
 from engine.core.state import (
     ExecutionSummary,
     IllegalAppend,
@@ -98,8 +99,6 @@ from engine.storage.disk_full import is_disk_full, report_disk_full, write_error
 from engine.storage.notify import Notifier, ResponseInbox
 from engine.storage.postgres_leases import SCHEMA as LEASES_SCHEMA
 from engine.storage.postgres_leases import PostgresLeases
-from engine.workers.outcome import LogLine
-from engine.workflow.host_api import Frame
 
 log = logging.getLogger("obelisk.storage")
 

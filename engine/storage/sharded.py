@@ -46,6 +46,7 @@ from typing import Any
 
 from engine.core import events as ev
 from engine.core.ids import DelayId, ExecutionId, IdError
+from engine.core.records import Frame, LogLine
 from engine.core.state import ExecutionSummary
 from engine.storage.contract import (
     AppendExtras,
@@ -67,8 +68,6 @@ from engine.storage.contract import (
 )
 from engine.storage.notify import ResponseInbox
 from engine.storage.sqlite import SqliteStorage
-from engine.workers.outcome import LogLine
-from engine.workflow.host_api import Frame
 
 #: The file of shard 0: a one-process engine's database.
 FIRST_SHARD = "obelisk.sqlite"

@@ -35,6 +35,7 @@ import msgspec
 from engine import affinity
 from engine.core import events as ev
 from engine.core.ids import DelayId, ExecutionId
+from engine.core.records import Frame, LogLine
 from engine.core.state import (
     BlockedByJoinSet,
     ExecutionSummary,
@@ -99,8 +100,6 @@ from engine.storage.sqlite_optimistic import (
 )
 from engine.storage.sqlite_peers import PeerBus
 from engine.storage.write_lock import WriteLock
-from engine.workers.outcome import LogLine
-from engine.workflow.host_api import Frame
 
 log = logging.getLogger("obelisk.storage")
 

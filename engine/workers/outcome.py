@@ -7,32 +7,23 @@ outcome to an event with the retry rules of the state machine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-LogLevel = Literal["trace", "debug", "info", "warn", "error"]
-LogStream = Literal["log", "stdout", "stderr"]
+from engine.core.records import LogLevel, LogLine, LogSink, LogStream
 
-
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """One line the guest logged (`obelisk:log`, `console.*`) or printed."""
-
-    level: LogLevel
-    message: str
-    stream: LogStream = "log"
-    #: When it was emitted (the engine's clock); None: when it is stored.
-    at: datetime | None = None
-
-    def written_at(self, now: datetime) -> datetime:
-        """Its timestamp in the log table: when emitted, never after the write."""
-        return now if self.at is None or self.at > now else self.at
-
-
-#: Called from the worker thread for every line as it is produced.
-LogSink = Callable[[LogLine], None]
+__all__ = [
+    "LogLevel",
+    "LogLine",
+    "LogSink",
+    "LogStream",
+    "RunCancelled",
+    "RunErr",
+    "RunOk",
+    "RunOutcome",
+    "RunTimedOut",
+    "RunTrap",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from engine.components import LoadedComponent, Registry
 from engine.core import events as ev
 from engine.core.ids import new_run_id
+from engine.core.records import Frame
 from engine.errors import Conflict
 from engine.storage.contract import ComponentSource, LockedExecution, Storage
-from engine.workflow.host_api import Frame
 from engine.workflow.upgrade import DryRunHost, check_compatible, running_digest
 
 if TYPE_CHECKING:

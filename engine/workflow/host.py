@@ -30,6 +30,7 @@ from engine.components import Registry
 from engine.core import events as ev
 from engine.core.clock import Clock
 from engine.core.ids import ExecutionId, JoinSetId
+from engine.core.records import Frame
 from engine.core.state import BlockedByJoinSet
 from engine.errors import InvalidParams, UnknownFunction
 from engine.storage.contract import (
@@ -51,7 +52,6 @@ from engine.workflow.host_api import (
     AllProcessed,
     ChildResponse,
     DelayResponse,
-    Frame,
     FunctionMismatch,
     FunctionShape,
     JoinNextAnswer,

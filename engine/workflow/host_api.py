@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from engine.core.records import Frame
+
 
 class RunAborted(Exception):
     """Stop the guest now; the host has taken care of the execution's state."""
@@ -68,16 +70,6 @@ class FunctionMismatch:
 
 #: A duration in milliseconds from now, an absolute time (unix ms), or "now".
 ScheduleAtArg = Literal["now"] | tuple[Literal["in"], int] | tuple[Literal["at"], int]
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One frame of a guest stack (for backtraces)."""
-
-    file: str
-    line: int
-    column: int
-    function: str = ""
 
 
 class WorkflowHost(Protocol):

@@ -160,6 +160,7 @@ from quickjs_rs import (
     Runtime,
 )
 
+from engine.core.records import Frame
 from engine.workers.gil import keep_gil
 from engine.workers.js_activity import (
     DEFAULT_MEMORY_LIMIT,
@@ -178,7 +179,6 @@ from engine.workflow.host_api import (
     AllProcessed,
     ChildResponse,
     DelayResponse,
-    Frame,
     FunctionMismatch,
     FunctionShape,
     Pending,

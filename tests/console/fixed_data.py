@@ -12,10 +12,10 @@ from pathlib import Path
 
 from engine.core import events as ev
 from engine.core.ids import ExecutionId, JoinSetId
+from engine.core.records import LogLine
 from engine.engine import Engine
 from engine.storage.contract import AppendExtras, CreateRequest
 from engine.storage.sqlite import SqliteStorage
-from engine.workers.outcome import LogLine
 from obelisk_tui.backend import ConsoleBackend, EmbeddedBackend
 from tests.console.conftest import APPROVE, FANOUT, SPIN, STEP, write_deployment
 

@@ -16,12 +16,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from engine.cli import main
 from engine.core import events as ev
+from engine.core.records import Frame
 from engine.engine import Engine
 from engine.server.api import make_app
 from engine.storage import sqlite as sqlite_backend
 from engine.storage.contract import AppendExtras, ComponentSource, NotFound, VersionConflict
 from engine.storage.sqlite import SqliteStorage
-from engine.workflow.host_api import Frame
 from tests.engine.conftest import StartEngine
 from tests.storage.conftest import WORKFLOW, WORKFLOW_FFQN, Executor, at, create_request
 

@@ -18,10 +18,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from engine.core import events as ev
 from engine.core.ids import ExecutionId
+from engine.core.records import LogLine
 from engine.engine import Engine
 from engine.server.api import make_app, openapi_document
 from engine.storage.contract import CreateRequest, ListFilter
-from engine.workers.outcome import LogLine
 
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

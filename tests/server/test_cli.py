@@ -258,7 +258,7 @@ def test_events_responses_logs(cli: Cli, api: ApiClient) -> None:
 
 
 def test_logs_human(cli: Cli, api: ApiClient, server: ServerThread) -> None:
-    from engine.workers.outcome import LogLine
+    from engine.core.records import LogLine
 
     eid = api.submit(APPROVE, ["o-l"])
     engine = server.server.engine

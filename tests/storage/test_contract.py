@@ -15,6 +15,7 @@ import pytest
 
 from engine.core import events as ev
 from engine.core.ids import new_run_id
+from engine.core.records import LogLine
 from engine.core.state import (
     BlockedByJoinSet,
     Cancelling,
@@ -39,7 +40,6 @@ from engine.storage.contract import (
     StorageError,
     VersionConflict,
 )
-from engine.workers.outcome import LogLine
 
 from .conftest import (
     ACTIVITY_FFQN,

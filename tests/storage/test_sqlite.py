@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from engine.core import events as ev
+from engine.core.records import LogLine
 from engine.core.state import BlockedByJoinSet
 from engine.storage import sqlite as sqlite_backend
 from engine.storage.contract import (
@@ -28,7 +29,6 @@ from engine.storage.contract import (
     VersionConflict,
 )
 from engine.storage.sqlite import SCHEMA_VERSION, SqliteStorage
-from engine.workers.outcome import LogLine
 
 from .conftest import (
     ACTIVITY_FFQN,

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.core.records import Frame
 from engine.workflow.host_api import (
     AllProcessed,
     ChildResponse,
     DelayResponse,
-    Frame,
     FunctionMismatch,
     FunctionShape,
     JoinNextAnswer,

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from quickjs_rs._engine import QuickJSError as GuestMemoryError
 
+from engine.core.records import Frame
 from engine.workflow import js_runtime
-from engine.workflow.host_api import Frame, WorkflowCallError
+from engine.workflow.host_api import WorkflowCallError
 from engine.workflow.js_runtime import (
     JsWorkflowLoadError,
     JsWorkflowRunner,
