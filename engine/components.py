@@ -129,7 +129,8 @@ def _declared_function(config: ComponentConfig) -> FunctionInfo:
 
 
 def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -> LoadedComponent:
-    from engine.workers import js_activity, wasm_activity
+    from engine.runtimes.js import activity as js_activity
+    from engine.runtimes.wasm import activity as wasm_activity
 
     if config.type == "activity_stub":
         digest = _typed_digest(config, b"")
@@ -195,8 +196,8 @@ def _load_one_sync(config: ComponentConfig, wasm_engine: Any, cache_dir: Path) -
 
 def _check_not_a_workflow(config: ComponentConfig, component: Any) -> None:
     """A workflow component declared as an activity would load and then fail every run."""
-    from engine.workers.wasm_activity import engine_of
-    from engine.workflow.wasm_runtime import workflow_only_imports
+    from engine.runtimes.wasm.activity import engine_of
+    from engine.runtimes.wasm.workflow import workflow_only_imports
 
     names = workflow_only_imports(component, engine_of(component).engine)
     if names:
@@ -212,8 +213,8 @@ def js_workflow_component(
     config: ComponentConfig, source: str, digest: str, filename: str
 ) -> LoadedComponent:
     """A `workflow_js` component from its source (the deployed file, or an old version's
-    stored text: `engine.workflow.old_versions`)."""
-    from engine.workflow.js_runtime import JsWorkflowRunner
+    stored text: `engine.old_versions`)."""
+    from engine.runtimes.js.workflow import JsWorkflowRunner
 
     fn = _declared_function(config)
     return LoadedComponent(
@@ -230,7 +231,7 @@ def wasm_workflow_component(
 ) -> LoadedComponent:
     """A `workflow_wasm` component from compiled code (the deployed file's, or an old
     version's from the compiled cache); its exports are its functions."""
-    from engine.workflow.wasm_runtime import WasmWorkflowLoadError, WasmWorkflowRunner
+    from engine.runtimes.wasm.workflow import WasmWorkflowLoadError, WasmWorkflowRunner
 
     try:
         wf_runner = WasmWorkflowRunner(component, wasm_engine, label=str(config.location))
@@ -266,7 +267,7 @@ async def load_registry(
     """Load every component (in threads: compiling WASM takes a while) and index exports."""
     configs = [c for c in deployment.components if c.type not in skip_types]
     if any(c.type in ("activity_js", "workflow_js") for c in configs):
-        from engine.workers.js_activity import warm_up
+        from engine.runtimes.js.activity import warm_up
 
         # Compile QuickJS once before the JS modules are checked under a load timeout.
         await asyncio.to_thread(warm_up, cache_dir)
@@ -303,7 +304,7 @@ async def verify_deployment(path: str | os.PathLike[str], cache_dir: Path) -> Re
     """Everything `Engine.start` checks before it starts anything — the TOML, every
     component compiled or loaded, its exports, workflows' imports against them — with no
     storage and no executors (`obelisk server verify`). Raises DeploymentError."""
-    from engine.workers.wasm_activity import WasmEngine
+    from engine.runtimes.wasm.activity import WasmEngine
 
     deployment = load_deployment(path)
     try:
@@ -322,8 +323,8 @@ def check_workflow(component: LoadedComponent, registry: Registry) -> None:
         return
     if component.config.type != "workflow_js":
         return
-    from engine.workflow.host import registry_interfaces
-    from engine.workflow.js_runtime import JsWorkflowLoadError
+    from engine.executors.replay_host import registry_interfaces
+    from engine.runtimes.js.workflow import JsWorkflowLoadError
 
     try:
         component.runner.check(registry_interfaces(registry))
@@ -335,8 +336,8 @@ def check_workflow(component: LoadedComponent, registry: Registry) -> None:
 
 def _check_wasm_workflow(component: LoadedComponent, registry: Registry) -> None:
     """A WASM workflow's imports must reach deployed functions with the same WIT types."""
-    from engine.workflow.host import registry_interfaces
-    from engine.workflow.wasm_runtime import WasmWorkflowLoadError, signatures_of
+    from engine.executors.replay_host import registry_interfaces
+    from engine.runtimes.wasm.workflow import WasmWorkflowLoadError, signatures_of
 
     try:
         component.runner.check(registry_interfaces(registry), signatures_of(registry.functions))

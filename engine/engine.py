@@ -20,7 +20,10 @@ from engine.core.clock import Clock, SystemClock
 from engine.core.ids import DelayId, ExecutionId, IdError, new_deployment_id
 from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
-from engine.executor import ActivityExecutor, BaseExecutor, TimersWatcher
+from engine.executors.activity import ActivityExecutor, BaseExecutor, TimersWatcher
+from engine.executors.cancellation import CancellationDriver
+from engine.executors.pool import RunPool
+from engine.executors.workflow import WorkflowExecutor
 from engine.processes import Helpers
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
 from engine.storage.contract import (
@@ -38,9 +41,6 @@ from engine.storage.sharded import (
     remove_empty_shards,
     shard_path,
 )
-from engine.workers.pool import RunPool
-from engine.workflow.cancellation import CancellationDriver
-from engine.workflow.executor import WorkflowExecutor
 
 log = logging.getLogger("obelisk.engine")
 
@@ -125,7 +125,7 @@ class Engine:
         Raises DeploymentError / StorageError with a message naming the culprit; nothing
         is started when anything fails.
         """
-        from engine.workers.wasm_activity import WasmEngine
+        from engine.runtimes.wasm.activity import WasmEngine
 
         if processes < 1:
             raise ValueError(f"processes must be at least 1, not {processes}")
@@ -160,7 +160,7 @@ class Engine:
                 storage, own = await open_shards(data, shard, shards)
             try:
                 # Kept by digest: backtraces show their lines even after the file changed.
-                from engine.workflow.backtraces import save_component_sources, source_saver
+                from engine.executors.backtraces import save_component_sources, source_saver
 
                 await save_component_sources(own, registry)
             except BaseException:
@@ -226,7 +226,7 @@ class Engine:
         if component.config.type in _NOT_EXECUTED or component.runner is None:
             return None
         if component.config.is_workflow:
-            from engine.workflow.upgrade import PinnedWorkflowExecutor
+            from engine.executors.upgrade import PinnedWorkflowExecutor
 
             cls = PinnedWorkflowExecutor if pinned else WorkflowExecutor
             executor = cls(

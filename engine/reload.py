@@ -12,14 +12,14 @@ logged and reported in the reload status. It never stops the engine.
 A successful reload swaps the registry in the engine (new submissions use it), stops the
 executors of removed and changed components (they release what they hold with
 `unlocked("executor closing")`), checks every unfinished execution of a changed workflow
-against its new code (`engine.workflow.upgrade`), and then starts executors for the new
+against its new code (`engine.executors.upgrade`), and then starts executors for the new
 versions. Activities simply run the new code on their next attempt. Executions whose
 upgrade failed are pinned to the version that wrote their history, and a
 `PinnedWorkflowExecutor` of that old version runs them to the end; it is stopped once
 none of its executions is left unfinished.
 
 After a restart, versions that executions are pinned to are rebuilt from the stored
-source or the compiled cache (`engine.workflow.old_versions`); a workflow file edited
+source or the compiled cache (`engine.old_versions`); a workflow file edited
 while the engine was down is checked when its executions are next locked
 (`WorkflowExecutor._runs_on_this_version`). Executions pinned to a version that cannot
 be rebuilt, or of a workflow component removed from the deployment, wait (reported
@@ -64,11 +64,11 @@ from engine.components import (
 from engine.core.ids import new_deployment_id
 from engine.deployment import ComponentConfig, Deployment, load_deployment
 from engine.errors import DeploymentError
-from engine.executor import BaseExecutor
+from engine.executors.activity import BaseExecutor
+from engine.executors.upgrade import Upgrader, UpgradeResult
+from engine.executors.workflow import WorkflowExecutor
 from engine.storage.contract import StorageError
 from engine.wit.types import format_wit_type
-from engine.workflow.executor import WorkflowExecutor
-from engine.workflow.upgrade import Upgrader, UpgradeResult
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -227,7 +227,7 @@ async def build_registry(
             reused[i] = prev
     fresh = [c for i, c in enumerate(configs) if i not in reused]
     if any(c.type in ("activity_js", "workflow_js") for c in fresh):
-        from engine.workers.js_activity import warm_up
+        from engine.runtimes.js.activity import warm_up
 
         await asyncio.to_thread(warm_up, cache_dir)
     try:
@@ -610,8 +610,8 @@ class ReloadManager:
     async def _revive_pinned(self, registry: Registry) -> None:
         """Start an executor for every version that unfinished executions are pinned to
         and that no executor runs (after a restart, or pinned when locked): rebuilt from
-        the stored source or the compiled cache (`engine.workflow.old_versions`)."""
-        from engine.workflow.old_versions import rebuild_old_version
+        the stored source or the compiled cache (`engine.old_versions`)."""
+        from engine.old_versions import rebuild_old_version
 
         deployed = {c.component_id.digest for c in registry.components}
         wanted: dict[str, str] = {}

@@ -217,8 +217,8 @@ class EmbeddedBackend:
         return None if bt is None else backtrace_info(execution_id, version, bt)
 
     async def component_source(self, digest: str) -> ComponentSourceInfo | None:
+        from engine.executors.backtraces import get_component_source
         from engine.server.api import component_source_info
-        from engine.workflow.backtraces import get_component_source
 
         source = await get_component_source(self.engine, digest)
         return None if source is None else component_source_info(source)

@@ -472,7 +472,7 @@ async def _backtrace(request: web.Request) -> web.Response:
 
 
 async def _persist_backtraces(request: web.Request) -> web.Response:
-    from engine.workflow.backtraces import persist_backtraces
+    from engine.executors.backtraces import persist_backtraces
 
     engine = request.app[ENGINE_KEY]
     done = await persist_backtraces(engine, _execution_id(request))
@@ -562,7 +562,7 @@ async def _deployment(request: web.Request) -> web.Response:
 
 
 async def _component_source(request: web.Request) -> web.Response:
-    from engine.workflow.backtraces import get_component_source
+    from engine.executors.backtraces import get_component_source
 
     digest = request.match_info["digest"]
     source = await get_component_source(request.app[ENGINE_KEY], digest)

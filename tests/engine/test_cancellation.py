@@ -20,8 +20,8 @@ from engine.core import events as ev
 from engine.core.state import Cancelling, Paused, replay_stored, state_name
 from engine.engine import Engine
 from engine.errors import Conflict, InvalidParams, NotCancellable, NotFound
+from engine.executors.cancellation import teardown_view
 from engine.server.api import make_app
-from engine.workflow.cancellation import teardown_view
 from tests.engine.conftest import StartEngine
 
 SPIN = "test:wf/acts.spin"
@@ -265,7 +265,7 @@ async def test_cancel_pending_activity(engine: Engine) -> None:
 async def in_guest_code(engine: Engine, *execution_ids: str) -> None:
     """Wait until the activities are locked, and a bit more: a cancellation that arrives
     while the JS sandbox is still being created ends the run as a trap, not as cancelled
-    (`engine/workers/js_activity.py`, reported)."""
+    (`engine/runtimes/js/activity.py`, reported)."""
     for execution_id in execution_ids:
         await wait_state(engine, execution_id, "locked")
     await asyncio.sleep(0.3)
@@ -596,7 +596,7 @@ async def direct_parent(
 
 
 async def test_driver_is_idempotent_and_restartable(start_engine: StartEngine) -> None:
-    from engine.workflow.cancellation import CancellationDriver
+    from engine.executors.cancellation import CancellationDriver
 
     engine = await start_engine(DEPLOYMENT, files=FILES, run_executors=False, run_watcher=False)
     storage = engine.storage

@@ -864,7 +864,7 @@ async def test_storage_pins_executions_to_a_digest(tmp_path: Path) -> None:
 
 
 def test_history_digest_is_the_version_in_force_at_the_last_history_event() -> None:
-    from engine.workflow.upgrade import history_digest, history_writers
+    from engine.executors.upgrade import history_digest, history_writers
 
     at = datetime(2026, 1, 1, tzinfo=UTC)
     retry = ev.RetryConfig(None, 0)

@@ -300,8 +300,8 @@ async def test_an_old_version_is_rebuilt_from_the_compiled_cache(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
     """Executions pinned to a WASM workflow version whose file changed run on its
-    compiled code from the cache (`engine.workflow.old_versions`)."""
-    from engine.workflow.old_versions import rebuild_old_version
+    compiled code from the cache (`engine.old_versions`)."""
+    from engine.old_versions import rebuild_old_version
 
     engine = await start(start_engine, tmp_path, "direct")
     ffqn = workflow_ffqn("direct")

@@ -43,10 +43,10 @@ from hypothesis import strategies as st
 from engine.core import events as ev
 from engine.core.state import BlockedByJoinSet, IllegalAppend
 from engine.engine import Engine
+from engine.executors.replay_host import ReplayHost
+from engine.runtimes.js.workflow import WfOk
+from engine.runtimes.workflow_host import RunAborted
 from engine.storage.contract import LockedExecution
-from engine.workflow.host import ReplayHost
-from engine.workflow.host_api import RunAborted
-from engine.workflow.js_runtime import WfOk
 from tests.engine.conftest import StartEngine
 from tests.engine.test_workflow_semantics import (
     ACTIVITIES,

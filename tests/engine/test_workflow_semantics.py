@@ -866,7 +866,7 @@ async def test_a_log_numbered_across_kinds_still_replays(
 ) -> None:
     """Logs written before join sets were numbered per kind (`g:1`, `o:2-step`, …) are
     recognised and continued in their own numbering."""
-    from engine.workflow.host import ReplayHost
+    from engine.executors.replay_host import ReplayHost
 
     files = {"step.js": STEP_JS, "mixedKinds.js": MIXED_KINDS_JS}
     deployment = ACTIVITIES + workflow("mixedKinds")
@@ -904,8 +904,8 @@ async def test_a_log_that_caught_a_closed_join_set_error_still_replays(
 ) -> None:
     """Engines before 2026-12-04 let the code catch it: such a log replays (catchable
     again while replaying), and only new code past the history gets the violation."""
-    from engine.workflow.host import ReplayHost
-    from engine.workflow.host_api import WorkflowCallError
+    from engine.executors.replay_host import ReplayHost
+    from engine.runtimes.workflow_host import WorkflowCallError
 
     files = {"step.js": STEP_JS, "caughtThenWaits.js": CAUGHT_THEN_WAITS_JS}
     deployment = ACTIVITIES + workflow("caughtThenWaits")

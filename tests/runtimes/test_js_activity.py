@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from engine.workers import js_activity
-from engine.workers.js_activity import (
+from engine.runtimes.js import activity as js_activity
+from engine.runtimes.js.activity import (
     HostPattern,
     JsActivityRunner,
     JsLoadError,
@@ -25,7 +25,7 @@ from engine.workers.js_activity import (
     parse_allowed_hosts,
     warm_up,
 )
-from engine.workers.outcome import (
+from engine.runtimes.outcome import (
     LogLine,
     RunCancelled,
     RunErr,
@@ -577,7 +577,7 @@ def test_compiled_quickjs_is_cached_on_disk(tmp_path: Path) -> None:
     import sys
 
     script = (
-        "import sys; from pathlib import Path; from engine.workers.js_activity import warm_up; "
+        "import sys; from pathlib import Path; from engine.runtimes.js.activity import warm_up; "
         "warm_up(Path(sys.argv[1]))"
     )
 
@@ -597,7 +597,7 @@ def test_compiled_quickjs_is_cached_on_disk(tmp_path: Path) -> None:
 
 _THREAD_LOOPS_AT_EXIT = """
 import asyncio, threading
-from engine.workers.js_activity import _run_coroutine
+from engine.runtimes.js.activity import _run_coroutine
 ran = threading.Barrier(9)
 def worker():
     async def step():
@@ -628,7 +628,7 @@ def test_thread_loops_are_closed_quietly_when_the_process_exits() -> None:
 
 
 # ---------------------------------------------------------------------------
-# The faster guest-call path (engine.workers.quickjs_fast)
+# The faster guest-call path (engine.runtimes.js.quickjs_fast)
 # ---------------------------------------------------------------------------
 
 EQUIVALENCE = """

@@ -10,9 +10,8 @@ import pytest
 from quickjs_rs._engine import QuickJSError as GuestMemoryError
 
 from engine.core.records import Frame
-from engine.workflow import js_runtime
-from engine.workflow.host_api import WorkflowCallError
-from engine.workflow.js_runtime import (
+from engine.runtimes.js import workflow as js_runtime
+from engine.runtimes.js.workflow import (
     JsWorkflowLoadError,
     JsWorkflowRunner,
     WfAborted,
@@ -25,7 +24,8 @@ from engine.workflow.js_runtime import (
     parse_js_stack,
     warm_up,
 )
-from tests.workflow.fake_host import START_MS, FakeFunction, FakeHost
+from engine.runtimes.workflow_host import WorkflowCallError
+from tests.runtimes.fake_host import START_MS, FakeFunction, FakeHost
 
 STEP = "myapp:demo/activity.step"
 

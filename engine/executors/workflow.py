@@ -20,15 +20,15 @@ from typing import Any
 from engine.components import Registry
 from engine.core import events as ev
 from engine.core.state import on_temporary_failure
-from engine.executor import BaseExecutor, _err_type, _ok_type
+from engine.executors.activity import BaseExecutor, _err_type, _ok_type
+from engine.executors.replay_host import ReplayHost
+from engine.runtimes.workflow_host import RunAborted
 from engine.storage.contract import (
     Conflict,
     DirectLock,
     LockedExecution,
 )
 from engine.wit.codec import WitValueError, validate_json
-from engine.workflow.host import ReplayHost
-from engine.workflow.host_api import RunAborted
 
 log = logging.getLogger("obelisk.workflow")
 
@@ -138,7 +138,7 @@ class WorkflowExecutor(BaseExecutor):
         and the run goes on; incompatible → `…{failed}`, the execution is pinned to the
         version that wrote it and released, and an executor of that version is asked
         for (`on_pinned`)."""
-        from engine.workflow.upgrade import check_upgrade, dry_run_host, history_writers
+        from engine.executors.upgrade import check_upgrade, dry_run_host, history_writers
 
         digest = self.component.component_id.digest
         writers = history_writers(locked.events or [])
@@ -207,7 +207,7 @@ class WorkflowExecutor(BaseExecutor):
     def _finish(
         self, host: ReplayHost, locked: LockedExecution, outcome: Any, spin_timeout: float
     ) -> None:
-        from engine.workflow.js_runtime import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
+        from engine.runtimes.js.workflow import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
 
         try:
             if host.aborted is not None or isinstance(outcome, WfAborted):

@@ -32,8 +32,8 @@ from engine.core import events as ev
 from engine.core.ids import new_run_id
 from engine.core.records import Frame
 from engine.errors import Conflict
+from engine.executors.upgrade import DryRunHost, check_compatible, running_digest
 from engine.storage.contract import ComponentSource, LockedExecution, Storage
-from engine.workflow.upgrade import DryRunHost, check_compatible, running_digest
 
 if TYPE_CHECKING:
     from engine.engine import Engine

@@ -30,6 +30,16 @@ from engine.core.state import (
     on_executor_died,
     on_temporary_failure,
 )
+from engine.executors.pool import RunPool
+from engine.runtimes.outcome import (
+    LogLine,
+    RunCancelled,
+    RunErr,
+    RunOk,
+    RunOutcome,
+    RunTimedOut,
+    RunTrap,
+)
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
@@ -43,16 +53,6 @@ from engine.storage.contract import (
 )
 from engine.storage.disk_full import is_disk_full, report_disk_full
 from engine.wit.codec import WitValueError, validate_json
-from engine.workers.outcome import (
-    LogLine,
-    RunCancelled,
-    RunErr,
-    RunOk,
-    RunOutcome,
-    RunTimedOut,
-    RunTrap,
-)
-from engine.workers.pool import RunPool
 
 log = logging.getLogger("obelisk.executor")
 T = TypeVar("T")

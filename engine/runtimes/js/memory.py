@@ -31,7 +31,7 @@ from typing import Any
 
 import wasmtime
 
-from engine.workers.outcome import RunErr, RunOk, RunOutcome
+from engine.runtimes.outcome import RunErr, RunOk, RunOutcome
 
 __all__ = ["GuestStderr", "is_allocation_failure", "needs_collection", "release_after_failure"]
 

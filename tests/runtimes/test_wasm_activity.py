@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # tests/workers is not a package: make `tests.fixtures` importable
+if (
+    str(ROOT) not in sys.path
+):  # tests/runtimes may be imported outside pytest: make `tests.fixtures` importable
     sys.path.insert(0, str(ROOT))
 
-from engine.wit.types import STRING, U32, U64, FunctionSignature, WitResult  # noqa: E402
-from engine.workers.outcome import (  # noqa: E402
+from engine.runtimes.outcome import (  # noqa: E402
     LogLine,
     RunCancelled,
     RunErr,
@@ -26,7 +27,7 @@ from engine.workers.outcome import (  # noqa: E402
     RunTimedOut,
     RunTrap,
 )
-from engine.workers.wasm_activity import (  # noqa: E402
+from engine.runtimes.wasm.activity import (  # noqa: E402
     _POOL_TABLE_ELEMENTS,
     ACTIVITY_POOL_SLOTS,
     ComponentLoadError,
@@ -35,6 +36,7 @@ from engine.workers.wasm_activity import (  # noqa: E402
     inspect_exports,
     load_activity,
 )
+from engine.wit.types import STRING, U32, U64, FunctionSignature, WitResult  # noqa: E402
 from tests.fixtures import components as fx  # noqa: E402
 
 

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from quickjs_rs import Runtime
 
-from engine.workflow import js_runtime
-from engine.workflow.js_heap import HeapImage, memory_of
-from engine.workflow.js_runtime import JsWorkflowRunner, WfOk, warm_up
-from tests.workflow.fake_host import FakeFunction, FakeHost
+from engine.runtimes.js import workflow as js_runtime
+from engine.runtimes.js.heap import HeapImage, memory_of
+from engine.runtimes.js.workflow import JsWorkflowRunner, WfOk, warm_up
+from tests.runtimes.fake_host import FakeFunction, FakeHost
 
 STEP = "myapp:demo/activity.step"
 FUNCTIONS = {STEP: FakeFunction(("idx", "sleep-millis"), lambda p: {"ok": p[0] * 10})}

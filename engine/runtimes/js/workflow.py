@@ -129,8 +129,8 @@ run restores a heap image taken once after the prelude instead of compiling it),
 the module loaded: no module compile per run, unless the module's top-level code made
 host calls or read the execution's id or random numbers before `__obelisk_init`, see
 `JsWorkflowRunner._module_image`) and `ACCELERATE` (a leaner guest-call path and direct
-memory access, `engine.workers.quickjs_fast`, and the one-string host bridge read without
-quickjs-rs's generic marshalling). Images restore page-wise (`engine.workflow.js_heap`).
+memory access, `engine.runtimes.js.quickjs_fast`, and the one-string host bridge read without
+quickjs-rs's generic marshalling). Images restore page-wise (`engine.runtimes.js.heap`).
 With all of them a run costs ~2.5 ms of CPU alone, ~5 ms with a hundred at once, plus
 ~0.09 ms per host call (vs ~10 ms and ~0.4 ms without them; measured on a shared 2-core machine, so
 indicative only).
@@ -161,8 +161,8 @@ from quickjs_rs import (
 )
 
 from engine.core.records import Frame
-from engine.workers.gil import keep_gil
-from engine.workers.js_activity import (
+from engine.runtimes.gil import keep_gil
+from engine.runtimes.js.activity import (
     DEFAULT_MEMORY_LIMIT,
     _parse_json_result,
     _run_coroutine,
@@ -171,11 +171,12 @@ from engine.workers.js_activity import (
     source_line,
     warm_up,
 )
-from engine.workers.js_activity import (
+from engine.runtimes.js.activity import (
     LAZY_EXPORTS as LAZY_EXPORTS,  # `quickjs_fast.install_lazy_exports` (see below)
 )
-from engine.workers.quickjs_fast import fast_guest_calls, map_host_function
-from engine.workflow.host_api import (
+from engine.runtimes.js.heap import HeapImage, SandboxImages
+from engine.runtimes.js.quickjs_fast import fast_guest_calls, map_host_function
+from engine.runtimes.workflow_host import (
     AllProcessed,
     ChildResponse,
     DelayResponse,
@@ -187,10 +188,9 @@ from engine.workflow.host_api import (
     WorkflowCallError,
     WorkflowHost,
 )
-from engine.workflow.js_heap import HeapImage, SandboxImages
 
 # Memory reads and writes, export lookups and type conversions of every guest call and
-# host callback keep the GIL (`engine.workers.gil`).
+# host callback keep the GIL (`engine.runtimes.gil`).
 keep_gil()
 
 __all__ = [
@@ -989,13 +989,13 @@ def _answer(answer: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
-# The faster guest-call path (`engine.workers.quickjs_fast`)
+# The faster guest-call path (`engine.runtimes.js.quickjs_fast`)
 # ---------------------------------------------------------------------------
 
-#: Whether runs use `engine.workers.quickjs_fast` (tests compare both paths).
+#: Whether runs use `engine.runtimes.js.quickjs_fast` (tests compare both paths).
 ACCELERATE = True
 # Every QuickJS sandbox of the process wraps its exports when first used, not all at
-# once: `LAZY_EXPORTS`, installed by `engine.workers.js_activity` (imported above).
+# once: `LAZY_EXPORTS`, installed by `engine.runtimes.js.activity` (imported above).
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`engine.workers.quickjs_fast.install_lazy_exports`: QuickJS sandboxes look their
+"""`engine.runtimes.js.quickjs_fast.install_lazy_exports`: QuickJS sandboxes look their
 exports up by name when first used, and find the same ones as wasmtime-py's eager
 `Instance.exports()`. (The JS runtime and activity tests run every sandbox this way.)"""
 
@@ -12,9 +12,9 @@ from quickjs_rs import Runtime
 from quickjs_rs import _engine as qjs_engine
 from wasmtime._instance import InstanceExports
 
-import engine.workers.js_activity as js_activity
-import engine.workflow.js_runtime as js_runtime
-from engine.workers.quickjs_fast import LazyExports, fast_guest_calls, install_lazy_exports
+import engine.runtimes.js.activity as js_activity
+import engine.runtimes.js.workflow as js_runtime
+from engine.runtimes.js.quickjs_fast import LazyExports, fast_guest_calls, install_lazy_exports
 
 
 def signature(fn: wasmtime.Func, store: wasmtime.Store) -> tuple[list[str], list[str]]:

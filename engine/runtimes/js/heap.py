@@ -1,7 +1,7 @@
 """QuickJS heap images that restore by writing only the pages that matter.
 
 A JS workflow run starts from a heap image instead of compiling and running the prelude
-(and, where possible, the workflow's module) again: `engine.workflow.js_runtime`.
+(and, where possible, the workflow's module) again: `engine.runtimes.js.workflow`.
 quickjs-rs 0.2.6 restores its whole-memory snapshots by copying the image three times
 and writing all of it into the fresh instance's memory, touching (page-faulting) every
 page although three quarters of a typical image are zeros: ~0.8 ms per run.
@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 from quickjs_rs import Runtime
 from quickjs_rs import _engine as qjs_engine
 
-from engine.workers.gil import memmove_keeping_gil
+from engine.runtimes.gil import memmove_keeping_gil
 
 log = logging.getLogger("obelisk.js_heap")
 K = TypeVar("K", bound=Hashable)

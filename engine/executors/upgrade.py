@@ -31,6 +31,9 @@ from engine.core import events as ev
 from engine.core.clock import Clock
 from engine.core.ids import new_run_id
 from engine.errors import InvalidParams
+from engine.executors.replay_host import ReplayHost
+from engine.executors.workflow import WorkflowExecutor
+from engine.runtimes.workflow_host import RunAborted
 from engine.storage.contract import (
     Conflict,
     LockedExecution,
@@ -39,9 +42,6 @@ from engine.storage.contract import (
     UnfinishedExecution,
     VersionConflict,
 )
-from engine.workflow.executor import WorkflowExecutor
-from engine.workflow.host import ReplayHost
-from engine.workflow.host_api import RunAborted
 
 log = logging.getLogger("obelisk.upgrade")
 T = TypeVar("T")
@@ -128,7 +128,7 @@ class DryRunHost(ReplayHost):
 
 def check_compatible(runner: Any, host: DryRunHost, params: list[Any]) -> tuple[bool, str]:
     """On a worker thread: replay against the new code. (compatible, reason if not)."""
-    from engine.workflow.js_runtime import WfAborted, WfTimedOut
+    from engine.runtimes.js.workflow import WfAborted, WfTimedOut
 
     try:
         outcome = runner.run(host, params, spin_timeout=CHECK_SPIN_TIMEOUT)

@@ -6,7 +6,7 @@ through wasmtime-py's generic `Func.__call__` (the function's type rebuilt and e
 argument converted through `Val` objects on every call) and `Memory.read`/`write` (a new
 ctypes array type per access, two copies). `fast_guest_calls(inst)` replaces both on one
 instance with equivalents that cache the export signatures and copy once. Used by JS
-workflows (`engine.workflow.js_runtime`) and JS activities (`engine.workers.js_activity`);
+workflows (`engine.runtimes.js.workflow`) and JS activities (`engine.runtimes.js.activity`);
 each has a switch the tests flip to check both paths give the same results.
 
 `install_lazy_exports()` (process-wide, for every QuickJS sandbox) makes a new instance
@@ -23,7 +23,7 @@ from typing import Any
 from wasmtime import _ffi as wasmtime_ffi
 from wasmtime._extern import wrap_extern
 
-from engine.workers.gil import _library, memmove_keeping_gil, quick
+from engine.runtimes.gil import _library, memmove_keeping_gil, quick
 
 __all__ = ["LazyExports", "fast_guest_calls", "install_lazy_exports", "map_host_function"]
 
@@ -35,7 +35,7 @@ _VAL_FIELDS = ("i32", "i64", "f32", "f64")
 _SIGNATURES: dict[str, tuple[tuple[int, ...], int, Any, Any]] = {}
 
 #: Guest exports that run no JS code (allocation, strings, numbers, handles): called
-#: without releasing the GIL (`engine.workers.gil`). Everything else — evaluating,
+#: without releasing the GIL (`engine.runtimes.gil`). Everything else — evaluating,
 #: calling, property access (getters, proxies), pending jobs — may run the guest's
 #: code for as long as it likes and releases the GIL as usual.
 _QUICK_EXPORTS = frozenset(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.workers.js_activity import JsActivityRunner
-from engine.workers.outcome import LogLine, RunOk, RunTrap
+from engine.runtimes.js.activity import JsActivityRunner
+from engine.runtimes.outcome import LogLine, RunOk, RunTrap
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +44,7 @@ def test_a_param_larger_than_the_sandbox_is_out_of_memory(
 _MEASURE = r"""
 import json, os, sys, threading, time
 from engine.gc_tuning import tune_gc
-from engine.workers.js_activity import JsActivityRunner
+from engine.runtimes.js.activity import JsActivityRunner
 
 tune_gc()  # as `obelisk server run` does
 page = os.sysconf("SC_PAGE_SIZE")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.workers.pool import RunPool
+from engine.executors.pool import RunPool
 
 
 async def test_results_and_exceptions_reach_the_loop() -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.records import Frame
-from engine.workflow.host_api import (
+from engine.runtimes.workflow_host import (
     AllProcessed,
     ChildResponse,
     DelayResponse,

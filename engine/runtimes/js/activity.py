@@ -73,7 +73,7 @@ the linear-memory limit use two private attributes (`Runtime._engine_rt`,
 `Context._engine_ctx._inst.store`) because quickjs-rs 0.2.6 has no public API for
 them (its own `memory_limit` is not enforced by this WASM build). The tests cover both.
 Sandboxes also take the leaner guest-call and memory paths of
-`engine.workers.quickjs_fast` (`ACCELERATE`; ~40 % of a trivial run's CPU).
+`engine.runtimes.js.quickjs_fast` (`ACCELERATE`; ~40 % of a trivial run's CPU).
 """
 
 from __future__ import annotations
@@ -108,7 +108,18 @@ from quickjs_rs import (
     Runtime,
 )
 
-from engine.workers.outcome import (
+from engine.runtimes.js.heap import SandboxImages
+from engine.runtimes.js.memory import (
+    GuestStderr,
+    is_allocation_failure,
+    release_after_failure,
+)
+from engine.runtimes.js.quickjs_fast import (
+    fast_guest_calls,
+    install_lazy_exports,
+    map_host_function,
+)
+from engine.runtimes.outcome import (
     LogLevel,
     LogLine,
     LogSink,
@@ -119,17 +130,6 @@ from engine.workers.outcome import (
     RunTimedOut,
     RunTrap,
 )
-from engine.workers.quickjs_fast import (
-    fast_guest_calls,
-    install_lazy_exports,
-    map_host_function,
-)
-from engine.workers.sandbox_memory import (
-    GuestStderr,
-    is_allocation_failure,
-    release_after_failure,
-)
-from engine.workflow.js_heap import SandboxImages
 
 __all__ = [
     "DEFAULT_LOAD_TIMEOUT",
@@ -145,7 +145,7 @@ __all__ = [
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 """Limit of the guest's WASM linear memory (QuickJS heap, stack and interpreter data)."""
-#: Whether sandboxes use `engine.workers.quickjs_fast` (tests compare both paths).
+#: Whether sandboxes use `engine.runtimes.js.quickjs_fast` (tests compare both paths).
 ACCELERATE = True
 #: Sandboxes wrap their exports when first used (`quickjs_fast.install_lazy_exports`).
 LAZY_EXPORTS = install_lazy_exports()
@@ -702,7 +702,7 @@ class _Sandbox:
             #: The guest's stderr: how its allocator says it ran out of memory.
             self.stderr = GuestStderr()
             self.stderr.install(self._inst.store)
-            #: Whether this sandbox uses `engine.workers.quickjs_fast` (~40 % of a run).
+            #: Whether this sandbox uses `engine.runtimes.js.quickjs_fast` (~40 % of a run).
             self.accelerated = ACCELERATE and fast_guest_calls(self._inst)
             env_json = "null" if env_vars is None else json.dumps(dict(env_vars))
             image = (
@@ -986,7 +986,7 @@ def _preload_compiled_quickjs(cache_dir: Path) -> None:
     from quickjs_rs import _engine as qjs_engine
     from quickjs_rs import _wasmtime as qjs_wasmtime
 
-    from engine.workers.wasm_activity import cache_tag, write_atomically
+    from engine.runtimes.wasm.activity import cache_tag, write_atomically
 
     key = "quickjs"  # the key quickjs_rs._engine._quickjs_artifact uses
     if key in qjs_wasmtime._SHARED_ARTIFACTS:

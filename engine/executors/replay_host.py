@@ -33,6 +33,20 @@ from engine.core.ids import ExecutionId, JoinSetId
 from engine.core.records import Frame
 from engine.core.state import BlockedByJoinSet
 from engine.errors import InvalidParams, UnknownFunction
+from engine.executors.cancellation import join_sets_in
+from engine.runtimes.outcome import LogLine
+from engine.runtimes.workflow_host import (
+    AllProcessed,
+    ChildResponse,
+    DelayResponse,
+    FunctionMismatch,
+    FunctionShape,
+    JoinNextAnswer,
+    Pending,
+    RunAborted,
+    ScheduleAtArg,
+    WorkflowCallError,
+)
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
@@ -46,20 +60,6 @@ from engine.storage.contract import (
 )
 from engine.storage.notify import ResponseInbox
 from engine.wit.codec import WitValueError, validate_json
-from engine.workers.outcome import LogLine
-from engine.workflow.cancellation import join_sets_in
-from engine.workflow.host_api import (
-    AllProcessed,
-    ChildResponse,
-    DelayResponse,
-    FunctionMismatch,
-    FunctionShape,
-    JoinNextAnswer,
-    Pending,
-    RunAborted,
-    ScheduleAtArg,
-    WorkflowCallError,
-)
 
 log = logging.getLogger("obelisk.workflow")
 T = TypeVar("T")
@@ -112,7 +112,7 @@ def result_hash(result: dict[str, Any]) -> str:
 
 
 class ReplayHost:
-    """Implements `engine.workflow.host_api.WorkflowHost` for one locked run."""
+    """Implements `engine.runtimes.workflow_host.WorkflowHost` for one locked run."""
 
     def __init__(
         self,

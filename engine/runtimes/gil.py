@@ -5,7 +5,7 @@ it back. When other threads want the GIL (the event loop, the SQLite writer, oth
 a hundred workflow threads), each release is a hand-off: the calling thread sleeps until
 it gets the GIL back, a cross-core wake-up that costs far more than the call itself. A
 trivial activity run makes some twenty such calls, a JS workflow ~460 per run plus ~29 per
-host call (`engine.workflow.js_runtime`).
+host call (`engine.runtimes.js.workflow`).
 
 `keep_gil()` rebinds the functions of `QUICK_C_FUNCTIONS` — they return at once and never
 run guest code — through `ctypes.PyDLL` (same library handle, same signatures), in

@@ -1,4 +1,4 @@
-"""The `workflow_wasm` runtime against the in-memory `FakeHost` (tests/workflow/fake_host.py).
+"""The `workflow_wasm` runtime against the in-memory `FakeHost` (tests/runtimes/fake_host.py).
 
 The guests are the WAT workflows of `tests.fixtures.workflow_components` (one component
 exporting all of them; `run(..., ffqn=…)` picks one), small components built here for load
@@ -16,20 +16,20 @@ import pytest
 
 from engine import wat_build
 from engine.build_components import REPO_ROOT, ensure_built
-from engine.wat_build import REALLOC_WAT
-from engine.wit.codec import json_to_wasmtime, wasmtime_to_json
-from engine.wit.types import FunctionSignature, WitResult, parse_wit_type
-from engine.workers.wasm_activity import WasmEngine
-from engine.workflow import wasm_runtime as wr
-from engine.workflow.js_runtime import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
-from engine.workflow.wasm_runtime import (
+from engine.runtimes.js.workflow import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
+from engine.runtimes.wasm import workflow as wr
+from engine.runtimes.wasm.activity import WasmEngine
+from engine.runtimes.wasm.workflow import (
     WORKFLOW_SUPPORT_IFC,
     WasmWorkflowLoadError,
     WasmWorkflowRunner,
 )
+from engine.wat_build import REALLOC_WAT
+from engine.wit.codec import json_to_wasmtime, wasmtime_to_json
+from engine.wit.types import FunctionSignature, WitResult, parse_wit_type
 from tests.fixtures.components import CACHE_DIR, ENGINE_COMPILED_DIR
 from tests.fixtures.workflow_components import WORKFLOWS, workflow_component, workflow_ffqn
-from tests.workflow.fake_host import START_MS, FakeFunction, FakeHost
+from tests.runtimes.fake_host import START_MS, FakeFunction, FakeHost
 
 ADD = "testing:fixtures/activity.add"
 ECHO = "testing:fixtures/activity.echo"

@@ -84,6 +84,32 @@ from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
 from wasmtime import component as wc
 
+from engine.runtimes.js.workflow import (
+    WfAborted,
+    WfErr,
+    WfOk,
+    WfTimedOut,
+    WfTrap,
+    WorkflowOutcome,
+)
+from engine.runtimes.wasm.activity import (
+    ComponentLoadError,
+    WasmEngine,
+    engine_of,
+    inspect_exports,
+)
+from engine.runtimes.workflow_host import (
+    AllProcessed,
+    ChildResponse,
+    DelayResponse,
+    FunctionMismatch,
+    FunctionShape,
+    Pending,
+    RunAborted,
+    ScheduleAtArg,
+    WorkflowCallError,
+    WorkflowHost,
+)
 from engine.wit.codec import (
     WitValueError,
     json_to_wasmtime,
@@ -101,32 +127,6 @@ from engine.wit.types import (
     WitVariant,
     format_wit_type,
     parse_wit_type,
-)
-from engine.workers.wasm_activity import (
-    ComponentLoadError,
-    WasmEngine,
-    engine_of,
-    inspect_exports,
-)
-from engine.workflow.host_api import (
-    AllProcessed,
-    ChildResponse,
-    DelayResponse,
-    FunctionMismatch,
-    FunctionShape,
-    Pending,
-    RunAborted,
-    ScheduleAtArg,
-    WorkflowCallError,
-    WorkflowHost,
-)
-from engine.workflow.js_runtime import (
-    WfAborted,
-    WfErr,
-    WfOk,
-    WfTimedOut,
-    WfTrap,
-    WorkflowOutcome,
 )
 
 __all__ = [

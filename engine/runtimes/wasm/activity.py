@@ -56,6 +56,19 @@ from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
 from wasmtime import component as wc
 
+from engine.runtimes.gil import keep_gil
+from engine.runtimes.outcome import (
+    LogLevel,
+    LogLine,
+    LogSink,
+    LogStream,
+    RunCancelled,
+    RunErr,
+    RunOk,
+    RunOutcome,
+    RunTimedOut,
+    RunTrap,
+)
 from engine.wit.codec import (
     WitValueError,
     json_to_wasmtime,
@@ -70,19 +83,6 @@ from engine.wit.types import (
     WitTypeError,
     WitVariant,
     format_wit_type,
-)
-from engine.workers.gil import keep_gil
-from engine.workers.outcome import (
-    LogLevel,
-    LogLine,
-    LogSink,
-    LogStream,
-    RunCancelled,
-    RunErr,
-    RunOk,
-    RunOutcome,
-    RunTimedOut,
-    RunTrap,
 )
 
 __all__ = [
@@ -111,7 +111,7 @@ _CORE_HEADER = b"\0asm\x01\x00\x00\x00"
 
 
 # Quick wasmtime calls keep the GIL (measured: -25% CPU per trivial execution in
-# `bench/activity_throughput.py`; see `engine.workers.gil`).
+# `bench/activity_throughput.py`; see `engine.runtimes.gil`).
 keep_gil()
 
 

@@ -1,0 +1,1 @@
+"""The JavaScript runtime: activities and workflows in a QuickJS sandbox (itself WASM)."""

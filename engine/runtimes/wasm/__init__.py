@@ -1,0 +1,1 @@
+"""The WebAssembly component runtime (wasmtime): activities and workflows."""
