@@ -8,14 +8,24 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.errors import DeploymentError
+from engine.runtimes.config import ComponentConfig, ExecConfig, Param
+from engine.runtimes.kinds import kind_of, sections
 from engine.wit.types import WitType, WitTypeError, format_wit_type, parse_wit_type
 
-SECTIONS = ("activity_wasm", "activity_js", "activity_stub", "workflow_js", "workflow_wasm")
+__all__ = [
+    "ComponentConfig",
+    "Deployment",
+    "ExecConfig",
+    "Param",
+    "deployment_problem",
+    "is_ffqn",
+    "load_deployment",
+]
 
 _DURATION_UNITS_MS = {
     "milliseconds": 1,
@@ -27,71 +37,11 @@ _DURATION_UNITS_MS = {
 
 
 @dataclass(frozen=True, slots=True)
-class ExecConfig:
-    batch_size: int = 5
-    lock_expiry_ms: int = 1000
-    tick_sleep_ms: int = 200
-    #: How many executions of this component may run at once in this process.
-    max_inflight: int = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Param:
-    name: str
-    type: WitType
-    type_text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ComponentConfig:
-    type: str  # one of SECTIONS
-    name: str
-    location: Path | None
-    section: str  # e.g. `[[activity_wasm]] #1 "step"`, for error messages
-    ffqn: str | None = None
-    params: tuple[Param, ...] = ()
-    return_type: WitType | None = None
-    return_type_text: str | None = None
-    env_vars: dict[str, str] = field(default_factory=dict)
-    max_retries: int | None = 5
-    retry_exp_backoff_ms: int = 100
-    exec: ExecConfig = ExecConfig()
-    allowed_hosts: tuple[str, ...] = ()
-    blocking_strategy: str = "await"
-    export: str | None = None
-
-    @property
-    def is_workflow(self) -> bool:
-        return self.type.startswith("workflow")
-
-
-@dataclass(frozen=True, slots=True)
 class Deployment:
     path: Path
     components: tuple[ComponentConfig, ...]
 
 
-_COMMON_KEYS = {"name", "exec"}
-_KEYS: dict[str, set[str]] = {
-    "activity_wasm": _COMMON_KEYS
-    | {"location", "max_retries", "retry_exp_backoff", "env_vars", "allowed_host"},
-    "activity_js": _COMMON_KEYS
-    | {
-        "location",
-        "ffqn",
-        "params",
-        "return_type",
-        "max_retries",
-        "retry_exp_backoff",
-        "env_vars",
-        "allowed_host",
-        "export",
-    },
-    "activity_stub": {"name", "ffqn", "params", "return_type"},
-    "workflow_js": _COMMON_KEYS
-    | {"location", "ffqn", "params", "return_type", "blocking_strategy", "export"},
-    "workflow_wasm": _COMMON_KEYS | {"location", "blocking_strategy"},
-}
 _EXEC_KEYS = {"batch_size", "lock_expiry", "tick_sleep", "max_inflight"}
 
 
@@ -134,10 +84,11 @@ def load_deployment(
     except tomllib.TOMLDecodeError as e:
         raise DeploymentError(f"{p}: malformed TOML: {e}") from None
     components: list[ComponentConfig] = []
+    known = sections()
     for section, value in doc.items():
-        if section not in SECTIONS:
+        if section not in known:
             raise DeploymentError(
-                f"{p}: unknown section `{section}` (expected one of: {', '.join(SECTIONS)})"
+                f"{p}: unknown section `{section}` (expected one of: {', '.join(known)})"
             )
         if not isinstance(value, list):
             raise DeploymentError(f"{p}: `{section}` must be an array of tables: [[{section}]]")
@@ -157,20 +108,21 @@ def load_deployment(
 def _component(
     path: Path, section: str, index: int, table: dict[str, Any], env: dict[str, str]
 ) -> ComponentConfig:
+    kind = kind_of(section)
     label = f"[[{section}]] #{index}"
     name = table.get("name")
-    if section == "activity_stub" and name is None and isinstance(table.get("ffqn"), str):
-        name = table["ffqn"]
+    if not kind.has_location and name is None and isinstance(table.get("ffqn"), str):
+        name = table["ffqn"]  # a stub is named after its function unless named
     if isinstance(name, str):
         label += f' "{name}"'
     ctx = _Ctx(path, label)
     for key in table:
-        if key not in _KEYS[section]:
-            raise ctx.error(key, f"unknown key (allowed: {', '.join(sorted(_KEYS[section]))})")
+        if key not in kind.keys:
+            raise ctx.error(key, f"unknown key (allowed: {', '.join(sorted(kind.keys))})")
     if not isinstance(name, str) or not name:
         raise ctx.error("name", "missing or not a string")
     location: Path | None = None
-    if section != "activity_stub":
+    if kind.has_location:
         loc = table.get("location")
         if not isinstance(loc, str) or not loc:
             raise ctx.error("location", "missing or not a string")
@@ -181,7 +133,7 @@ def _component(
     params: tuple[Param, ...] = ()
     return_type: WitType | None = None
     return_text: str | None = None
-    if section in ("activity_js", "activity_stub", "workflow_js"):
+    if kind.declares_function:
         ffqn = _ffqn(ctx, table.get("ffqn"))
         params = _params(ctx, table.get("params", []))
         rt = table.get("return_type")
@@ -193,8 +145,8 @@ def _component(
         if not format_wit_type(return_type).startswith("result"):
             raise ctx.error("return_type", f"must be a result<…>, got `{rt}`")
         return_text = rt
-    exec_cfg = _exec(ctx, table.get("exec", {}), workflow=section.startswith("workflow"))
-    is_workflow = section.startswith("workflow")
+    is_workflow = kind.role == "workflow"
+    exec_cfg = _exec(ctx, table.get("exec", {}), workflow=is_workflow)
     max_retries: int | None = None if is_workflow else 5
     if "max_retries" in table:
         mr = table["max_retries"]

@@ -26,6 +26,7 @@ from engine.executors.pool import RunPool
 from engine.executors.workflow import WorkflowExecutor
 from engine.processes import Helpers
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
+from engine.runtimes.api import LoadContext
 from engine.storage.contract import (
     CreateRequest,
     DirectLock,
@@ -45,7 +46,6 @@ from engine.storage.sharded import (
 log = logging.getLogger("obelisk.engine")
 
 #: Component types that get no executor (stubs are finished by someone else).
-_NOT_EXECUTED = ("activity_stub",)
 
 
 class Engine:
@@ -218,12 +218,17 @@ class Engine:
         """Compiled components, by digest."""
         return self.data_dir / "cache"
 
+    @property
+    def load_context(self) -> LoadContext:
+        """What loading a component (or rebuilding an old version) uses here."""
+        return LoadContext(self.wasm_engine, self.cache_dir, self.storage.get_component_source)
+
     def make_executor(
         self, component: LoadedComponent, registry: Registry, *, pinned: bool = False
     ) -> BaseExecutor | None:
         """A (not started) executor for `component`; None for components that get none.
         `pinned`: an old workflow version that runs only the executions pinned to it."""
-        if component.config.type in _NOT_EXECUTED or component.runner is None:
+        if not component.kind.executed or component.runner is None:
             return None
         if component.config.is_workflow:
             from engine.executors.upgrade import PinnedWorkflowExecutor
@@ -387,7 +392,7 @@ class Engine:
             raise InvalidParams('stub result must be {"ok": value} or {"err": value}')
         for _ in range(10):
             s = await self.storage.get_summary(execution_id)
-            if s.component_type != "activity_stub":
+            if not ev.accepts_stub(s.component_type):
                 raise Conflict(f"execution {execution_id} ({s.ffqn}) is not an activity_stub")
             if s.result is not None:
                 if s.result == parsed:

@@ -1,46 +1,23 @@
-"""Old workflow versions, rebuilt for the executions pinned to them (SPEC §9.3).
-
-An execution whose upgrade check failed is pinned to the component digest that wrote
-its history and must finish on that code. While the engine that pinned it runs, the old
-version is still in memory (`engine.reload`). After a restart, or when a workflow file
-was edited while the engine was stopped, that version has to come from somewhere else:
-
-* `workflow_js`: its source text, stored by digest in the database at every start and
-  reload (`save_component_sources`; the same text backtraces show);
-* `workflow_wasm`: its compiled code, in the engine's compiled-component cache
-  (`<data dir>/cache`, by file digest; never pruned).
-
-The settings (name, export, `exec.*`, retries) and the declared FFQN and types are the
-deployed component's that exports the function now: they are not stored per digest.
-When neither the text nor the compiled code is there (another data dir, a cleared
-cache), or the deployment no longer has a workflow exporting the function, the pinned
-executions wait, reported under `pinned` in the reload status, until a deployment brings
-that digest back or a later version passes their upgrade check.
+"""Old versions of workflows: executions pinned to a version that is no longer deployed
+(SPEC §9.3: their log does not replay on the new code) keep running on it. Its
+component is rebuilt by its kind (`ComponentKind.rebuild`: a JS workflow from its stored
+source, a WASM one from the compiled cache) and checked against the deployed functions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
-from engine.components import (
-    LoadedComponent,
-    Registry,
-    check_workflow,
-    js_workflow_component,
-    wasm_workflow_component,
-)
+from engine.components import LoadedComponent, Registry, check_component
 from engine.errors import DeploymentError
-
-if TYPE_CHECKING:
-    from engine.engine import Engine
+from engine.runtimes.api import LoadContext
 
 log = logging.getLogger("obelisk.reload")
 
 
 async def rebuild_old_version(
-    engine: Engine, digest: str, ffqn: str, registry: Registry
+    ctx: LoadContext, digest: str, ffqn: str, registry: Registry
 ) -> LoadedComponent | None:
     """The workflow component of `digest` (which exported `ffqn`), rebuilt and checked
     against `registry`; None, with the reason logged, when it cannot be."""
@@ -55,33 +32,19 @@ async def rebuild_old_version(
         )
         return None
     config = target[1].config
-    component: LoadedComponent | None = None
+    kind = target[1].kind
     try:
-        if config.type == "workflow_js":
-            stored = await engine.storage.get_component_source(digest)
-            if stored is not None:
-                component = await asyncio.to_thread(
-                    js_workflow_component, config, stored.source, digest, stored.file
-                )
-        else:
-            compiled = await asyncio.to_thread(
-                engine.wasm_engine.load_cached, digest, engine.cache_dir
-            )
-            if compiled is not None:
-                component = await asyncio.to_thread(
-                    wasm_workflow_component, config, compiled, digest, engine.wasm_engine
-                )
+        component = await kind.rebuild(config, digest, ctx)
         if component is None:
-            what = "source" if config.type == "workflow_js" else "compiled code"
             log.warning(
                 "executions of %s are pinned to version %s, whose %s this engine does "
                 "not have: they wait",
                 ffqn,
                 digest,
-                what,
+                kind.old_version_from or "code",
             )
             return None
-        await asyncio.to_thread(check_workflow, component, registry)
+        await asyncio.to_thread(check_component, component, registry)
     except DeploymentError as e:
         log.warning(
             "old version %s of %s, which executions are pinned to, does not load any "

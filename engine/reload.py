@@ -55,11 +55,9 @@ from engine.client import UPGRADES_UNCHECKED
 from engine.components import (
     LoadedComponent,
     Registry,
-    _load_one_sync,
-    _read,
-    _typed_digest,
-    check_workflow,
-    file_digest,
+    component_digest,
+    index_registry,
+    load_components,
 )
 from engine.core.ids import new_deployment_id
 from engine.deployment import ComponentConfig, Deployment, load_deployment
@@ -67,8 +65,8 @@ from engine.errors import DeploymentError
 from engine.executors.activity import BaseExecutor
 from engine.executors.upgrade import Upgrader, UpgradeResult
 from engine.executors.workflow import WorkflowExecutor
+from engine.runtimes.api import LoadContext
 from engine.storage.contract import StorageError
-from engine.wit.types import format_wit_type
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -189,16 +187,6 @@ class ReloadSubscription:
 # ---------------------------------------------------------------------------------------
 
 
-def _digest(config: ComponentConfig) -> str:
-    """The digest `engine.components` gives a component (SPEC §2), without loading it."""
-    if config.type == "activity_stub":
-        return _typed_digest(config, b"")
-    data = _read(config)
-    if config.type in ("activity_js", "workflow_js"):
-        return _typed_digest(config, data)
-    return file_digest(data)
-
-
 def _same_settings(a: ComponentConfig, b: ComponentConfig) -> bool:
     # `section` is only a label (it numbers the sections): moving one is no change.
     return dataclasses.replace(a, section="") == dataclasses.replace(b, section="")
@@ -213,7 +201,7 @@ async def build_registry(
     old = {(c.config.type, c.config.name): c for c in (previous.components if previous else [])}
     configs = list(deployment.components)
     try:
-        digests = await asyncio.gather(*(asyncio.to_thread(_digest, c) for c in configs))
+        digests = await asyncio.gather(*(asyncio.to_thread(component_digest, c) for c in configs))
     except DeploymentError as e:
         raise DeploymentError(f"{deployment.path}: {e}") from None
     reused: dict[int, LoadedComponent] = {}
@@ -226,40 +214,10 @@ async def build_registry(
         ):
             reused[i] = prev
     fresh = [c for i, c in enumerate(configs) if i not in reused]
-    if any(c.type in ("activity_js", "workflow_js") for c in fresh):
-        from engine.runtimes.js.activity import warm_up
-
-        await asyncio.to_thread(warm_up, cache_dir)
-    try:
-        loaded = await asyncio.gather(
-            *(asyncio.to_thread(_load_one_sync, c, wasm_engine, cache_dir) for c in fresh)
-        )
-    except DeploymentError as e:
-        raise DeploymentError(f"{deployment.path}: {e}") from None
+    loaded = await load_components(deployment, fresh, LoadContext(wasm_engine, cache_dir))
     fresh_iter = iter(loaded)
     components = [reused[i] if i in reused else next(fresh_iter) for i in range(len(configs))]
-    registry = Registry(deployment)
-    for component in components:
-        for ffqn, info in component.functions.items():
-            if ffqn in registry.functions:
-                other = registry.functions[ffqn][1].config.section
-                raise DeploymentError(
-                    f"{deployment.path}: {component.config.section} exports {ffqn}, "
-                    f"which {other} already exports"
-                )
-            if info.return_type is None or not format_wit_type(info.return_type).startswith(
-                "result"
-            ):
-                raise DeploymentError(
-                    f"{deployment.path}: {component.config.section}: {ffqn} must return a result<…>"
-                )
-            registry.functions[ffqn] = (info, component)
-        registry.components.append(component)
-    # Workflows are checked again even when reused: what they import may have gone.
-    await asyncio.gather(
-        *(asyncio.to_thread(check_workflow, c, registry) for c in registry.components)
-    )
-    return registry
+    return await index_registry(deployment, components)
 
 
 def diff_registries(old: Registry, new: Registry) -> list[ComponentChange]:
@@ -620,7 +578,7 @@ class ReloadManager:
             if digest is not None and digest not in self._pinned and digest not in deployed:
                 wanted.setdefault(digest, row.ffqn)
         for digest, ffqn in wanted.items():
-            component = await rebuild_old_version(self.engine, digest, ffqn, registry)
+            component = await rebuild_old_version(self.engine.load_context, digest, ffqn, registry)
             if component is not None and not self._stopping:
                 executor = self._start_executor(component, registry, pinned=True)
                 if executor is not None:

@@ -79,9 +79,24 @@ def result_from_json(value: Any) -> ExecutionResult:
 # Shared pieces
 # ---------------------------------------------------------------------------
 
-ComponentType = Literal[
-    "activity_wasm", "activity_js", "activity_stub", "workflow_js", "workflow_wasm"
-]
+#: A kind of component: its TOML section, e.g. `activity_wasm`, `workflow_js` (the kinds
+#: are registered in `engine.runtimes.kinds`; the log only stores the name).
+ComponentType = str
+
+#: The kind whose executions are answered by hand (`stub`), never run.
+STUB_TYPE = "activity_stub"
+
+
+def is_workflow_type(component_type: str) -> bool:
+    """Whether components of this kind are workflows. The one rule, from Obelisk's names
+    (`workflow_*` / `activity_*`), which every kind's section follows
+    (`engine.runtimes.kinds.register_kind` checks it)."""
+    return component_type.startswith("workflow_")
+
+
+def accepts_stub(component_type: str) -> bool:
+    """Whether executions of this kind of component may be stubbed (SPEC: stub activities)."""
+    return component_type == STUB_TYPE
 
 
 class ComponentId(msgspec.Struct, frozen=True):
@@ -91,7 +106,7 @@ class ComponentId(msgspec.Struct, frozen=True):
 
     @property
     def is_workflow(self) -> bool:
-        return self.type.startswith("workflow")
+        return is_workflow_type(self.type)
 
 
 class RetryConfig(msgspec.Struct, frozen=True):

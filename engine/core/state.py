@@ -134,7 +134,7 @@ class ExecutionSummary(msgspec.Struct):
 
     @property
     def is_workflow(self) -> bool:
-        return self.component_type.startswith("workflow")
+        return ev.is_workflow_type(self.component_type)
 
 
 class IllegalAppend(Exception):

@@ -20,7 +20,6 @@ from concurrent.futures import Executor, Future
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from engine.components import LoadedComponent
 from engine.core import events as ev
 from engine.core.clock import Clock
 from engine.core.ids import new_executor_id, new_run_id
@@ -31,6 +30,7 @@ from engine.core.state import (
     on_temporary_failure,
 )
 from engine.executors.pool import RunPool
+from engine.runtimes.api import LoadedComponent, RunContext
 from engine.runtimes.outcome import (
     LogLine,
     RunCancelled,
@@ -466,14 +466,9 @@ class ActivityExecutor(BaseExecutor):
         sink: Callable[[LogLine], None],
     ) -> Callable[[], RunOutcome]:
         cfg = self.component.config
-        runner = self.component.runner
-        if cfg.type == "activity_js":
-            return lambda: runner.run(
-                locked.params, deadline, cancel, sink, list(cfg.allowed_hosts), dict(cfg.env_vars)
-            )
-        return lambda: runner.run(
-            locked.ffqn, locked.params, dict(cfg.env_vars), deadline, cancel, sink
-        )
+        runner = self.component.activity_runner
+        ctx = RunContext(deadline, cancel, sink, cfg.env_vars, cfg.allowed_hosts)
+        return lambda: runner.run(locked.ffqn, locked.params, ctx)
 
     async def _append_failed(
         self,

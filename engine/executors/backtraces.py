@@ -154,7 +154,7 @@ async def persist_backtraces(engine: Engine, execution_id: str) -> PersistedBack
     events = await storage.get_events(execution_id)
     responses = await storage.get_responses(execution_id)
     component, registry = _current_code(engine, summary.ffqn, events)
-    if component.config.type != "workflow_js" or component.runner is None:
+    if not component.kind.backtraces or component.runner is None:
         raise Conflict(
             f"execution {execution_id} ({summary.ffqn}) is not a JS workflow: "
             "only workflow_js executions have backtraces"

@@ -859,7 +859,7 @@ class ReplayHost:
             info, _ = self.registry.function(ffqn)
         except UnknownFunction:
             return False
-        return info.component_type.startswith("workflow")
+        return ev.is_workflow_type(info.component_type)
 
     def close_all(self) -> None:
         """Implicit close of every open join set when the function returns or traps."""
@@ -985,7 +985,7 @@ class ReplayHost:
             )
         try:
             info, _ = self.registry.function(ffqn)
-            if info.component_type != "activity_stub":
+            if not ev.accepts_stub(info.component_type):
                 raise WorkflowCallError(
                     f"cannot stub {execution_id} ({ffqn}): it is not an activity_stub"
                 )
@@ -1111,7 +1111,7 @@ def registry_interfaces(registry: Registry) -> dict[str, dict[str, FunctionShape
     for ffqn, (info, _) in registry.functions.items():
         ifc, _, fn = ffqn.rpartition(".")
         out.setdefault(ifc, {})[fn] = FunctionShape(
-            ffqn, tuple(p.name for p in info.params), info.component_type.startswith("workflow")
+            ffqn, tuple(p.name for p in info.params), ev.is_workflow_type(info.component_type)
         )
     return out
 

@@ -128,7 +128,7 @@ class DryRunHost(ReplayHost):
 
 def check_compatible(runner: Any, host: DryRunHost, params: list[Any]) -> tuple[bool, str]:
     """On a worker thread: replay against the new code. (compatible, reason if not)."""
-    from engine.runtimes.js.workflow import WfAborted, WfTimedOut
+    from engine.runtimes.outcome import WfAborted, WfTimedOut
 
     try:
         outcome = runner.run(host, params, spin_timeout=CHECK_SPIN_TIMEOUT)

@@ -79,7 +79,7 @@ class WorkflowExecutor(BaseExecutor):
             direct_locks=self.direct_locks,
         )
         host.retry_config = self.retry
-        runner = self.component.runner
+        runner = self.component.workflow_runner
 
         def on_cancel() -> None:
             # Cancellation, pause or shutdown: the run must let go of the execution.
@@ -117,7 +117,7 @@ class WorkflowExecutor(BaseExecutor):
 
     def _drive(self, host: ReplayHost, locked: LockedExecution) -> None:
         """On the worker thread: run the guest, close join sets, write the outcome."""
-        runner = self.component.runner
+        runner = self.component.workflow_runner
         # A guest computing without host calls for as long as a lock lasts is stopped
         # (SPEC §6.2): host calls extend the lock, spinning does not.
         spin_timeout = self.component.config.exec.lock_expiry_ms / 1000
@@ -207,7 +207,7 @@ class WorkflowExecutor(BaseExecutor):
     def _finish(
         self, host: ReplayHost, locked: LockedExecution, outcome: Any, spin_timeout: float
     ) -> None:
-        from engine.runtimes.js.workflow import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
+        from engine.runtimes.outcome import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
 
         try:
             if host.aborted is not None or isinstance(outcome, WfAborted):

@@ -1,4 +1,4 @@
-"""What one attempt of a function run returns to the executor.
+"""What one attempt of a function run, or one run of a workflow, returns to the executor.
 
 Runners (WASM, JS) are synchronous and run in worker threads; they return one of
 these values and never raise for guest faults. The executor (not the runner) maps an
@@ -23,6 +23,12 @@ __all__ = [
     "RunOutcome",
     "RunTimedOut",
     "RunTrap",
+    "WfAborted",
+    "WfErr",
+    "WfOk",
+    "WfTimedOut",
+    "WfTrap",
+    "WorkflowOutcome",
 ]
 
 
@@ -64,3 +70,41 @@ class RunCancelled:
 
 
 RunOutcome = RunOk | RunErr | RunTrap | RunTimedOut | RunCancelled
+
+
+# -- workflows ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WfOk:
+    """The function returned; `value` is JSON (None for `undefined`)."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class WfErr:
+    """The function threw; `value` is the err value (see the module docstring)."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class WfTrap:
+    """Misuse of the host API, or an engine failure: `execution_failure{uncategorized}`."""
+
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WfAborted:
+    """The host raised `RunAborted`, or `interrupt()` was called: discard the run."""
+
+
+@dataclass(frozen=True, slots=True)
+class WfTimedOut:
+    """The guest computed longer than `spin_timeout` without a host call."""
+
+
+WorkflowOutcome = WfOk | WfErr | WfTrap | WfAborted | WfTimedOut

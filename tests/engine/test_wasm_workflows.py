@@ -307,15 +307,15 @@ async def test_an_old_version_is_rebuilt_from_the_compiled_cache(
     ffqn = workflow_ffqn("direct")
     deployed = engine.registry.function(ffqn)[1]
     digest = deployed.component_id.digest
-    rebuilt = await rebuild_old_version(engine, digest, ffqn, engine.registry)
+    rebuilt = await rebuild_old_version(engine.load_context, digest, ffqn, engine.registry)
     assert rebuilt is not None and rebuilt is not deployed
     assert rebuilt.component_id == deployed.component_id
     assert rebuilt.ffqns == [ffqn] and rebuilt.config is deployed.config
     # Not in the cache (another data dir, a cleared cache): nothing to run it with.
     missing = "sha256:" + "0" * 64
-    assert await rebuild_old_version(engine, missing, ffqn, engine.registry) is None
+    assert await rebuild_old_version(engine.load_context, missing, ffqn, engine.registry) is None
     # No deployed workflow exports the function any more: no settings to run it with.
-    assert await rebuild_old_version(engine, digest, ADD, engine.registry) is None
+    assert await rebuild_old_version(engine.load_context, digest, ADD, engine.registry) is None
 
 
 def sleepy_variant(name: str, old: str, new: str) -> Path:

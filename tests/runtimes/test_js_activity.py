@@ -114,7 +114,7 @@ def run(
         kwargs["memory_limit"] = memory_limit
     runner = JsActivityRunner(source, "activity/test.js", export, **kwargs)
     sink = logs if logs is not None else []
-    return runner.run(
+    return runner.call(
         params or [],
         time.monotonic() + timeout,
         cancel or threading.Event(),
@@ -199,7 +199,7 @@ def test_top_level_throw_at_run_time_is_trap() -> None:
     # Passes check() (no env) but throws at run time when env differs.
     src = "if (process.env.MODE === 'bad') throw new Error('bad mode'); export default () => 1;"
     runner = JsActivityRunner(src, "activity/test.js", env_vars={"MODE": "ok"})
-    out = runner.run(
+    out = runner.call(
         [], time.monotonic() + 5, threading.Event(), lambda _l: None, [], {"MODE": "bad"}
     )
     assert isinstance(out, RunTrap)
@@ -397,7 +397,7 @@ def test_runs_do_not_share_state() -> None:
     """
     runner = JsActivityRunner(src, "activity/test.js")
     for _ in range(2):
-        out = runner.run([], time.monotonic() + 5, threading.Event(), lambda _l: None, [])
+        out = runner.call([], time.monotonic() + 5, threading.Event(), lambda _l: None, [])
         assert out == RunOk([1, 1])
 
 
@@ -464,7 +464,7 @@ def test_cancel_interrupts_spinning_loop() -> None:
 
     timer = threading.Timer(0.15, fire)
     timer.start()
-    out = runner.run([], time.monotonic() + 10, cancel, lambda _l: None, [])
+    out = runner.call([], time.monotonic() + 10, cancel, lambda _l: None, [])
     latency = time.monotonic() - set_at[0]
     assert out == RunCancelled()
     assert latency < 0.05
@@ -481,7 +481,7 @@ def test_cancel_interrupts_pending_fetch(server: str) -> None:
         cancel.set()
 
     threading.Timer(0.2, fire).start()
-    out = runner.run([server], time.monotonic() + 10, cancel, lambda _l: None, [server])
+    out = runner.call([server], time.monotonic() + 10, cancel, lambda _l: None, [server])
     assert out == RunCancelled()
     assert time.monotonic() - set_at[0] < 0.1
 
@@ -498,8 +498,8 @@ def test_already_cancelled_or_expired() -> None:
     runner = JsActivityRunner("export default () => 1", "activity/test.js")
     cancel = threading.Event()
     cancel.set()
-    assert runner.run([], time.monotonic() + 5, cancel, lambda _l: None, []) == RunCancelled()
-    out = runner.run([], time.monotonic() - 1, threading.Event(), lambda _l: None, [])
+    assert runner.call([], time.monotonic() + 5, cancel, lambda _l: None, []) == RunCancelled()
+    out = runner.call([], time.monotonic() - 1, threading.Event(), lambda _l: None, [])
     assert out == RunTimedOut()
 
 
@@ -550,7 +550,7 @@ def test_concurrent_runs_in_threads() -> None:
     results: dict[int, RunOutcome] = {}
 
     def work(i: int) -> None:
-        results[i] = runner.run([i], time.monotonic() + 10, threading.Event(), lambda _l: None, [])
+        results[i] = runner.call([i], time.monotonic() + 10, threading.Event(), lambda _l: None, [])
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
     for t in threads:
@@ -563,11 +563,13 @@ def test_concurrent_runs_in_threads() -> None:
 async def test_run_from_asyncio_via_to_thread_and_directly() -> None:
     runner = JsActivityRunner("export default (x) => x * 2", "activity/test.js")
     out = await asyncio.to_thread(
-        runner.run, [21], time.monotonic() + 5, threading.Event(), lambda _l: None, []
+        runner.call, [21], time.monotonic() + 5, threading.Event(), lambda _l: None, []
     )
     assert out == RunOk(42)
     # Called on a thread that runs a loop: still works (uses a helper thread).
-    assert runner.run([2], time.monotonic() + 5, threading.Event(), lambda _l: None, []) == RunOk(4)
+    assert runner.call([2], time.monotonic() + 5, threading.Event(), lambda _l: None, []) == RunOk(
+        4
+    )
 
 
 def test_compiled_quickjs_is_cached_on_disk(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(runner: JsActivityRunner, params: list[object]) -> object:
-    return runner.run(params, time.monotonic() + 30, threading.Event(), _discard, [])
+    return runner.call(params, time.monotonic() + 30, threading.Event(), _discard, [])
 
 
 def _discard(_line: LogLine) -> None:
@@ -56,7 +56,7 @@ def rss() -> int:
 runner = JsActivityRunner("export default (s) => s.length", "activity/big.js")
 
 def run(size: int) -> str:
-    out = runner.run(["x" * size], time.monotonic() + 60, threading.Event(), lambda _l: None, [])
+    out = runner.call(["x" * size], time.monotonic() + 60, threading.Event(), lambda _l: None, [])
     return type(out).__name__ + ":" + str(getattr(out, "reason", getattr(out, "value", "")))
 
 big, allowed, rounds = (int(a) for a in sys.argv[1:])

@@ -57,7 +57,7 @@ def run(
     cancel: threading.Event | None = None,
     log: list[LogLine] | None = None,
 ) -> RunOutcome:
-    return runner.run(
+    return runner.call(
         fx.ffqn(function),
         params,
         env or {},
@@ -196,7 +196,7 @@ def test_obelisk_log(runner: WasmActivityRunner) -> None:
 
 def test_sink_is_called_on_the_worker_thread(runner: WasmActivityRunner) -> None:
     threads: set[int] = set()
-    runner.run(
+    runner.call(
         fx.ffqn("print"),
         ["a\nb\n"],
         {},
@@ -211,7 +211,7 @@ def test_failing_log_sink_does_not_break_the_run(runner: WasmActivityRunner) -> 
     def sink(_line: LogLine) -> None:
         raise RuntimeError("sink down")
 
-    outcome = runner.run(
+    outcome = runner.call(
         fx.ffqn("log-levels"), ["m"], {}, time.monotonic() + 5, threading.Event(), sink
     )
     assert outcome == RunOk(None)
@@ -230,7 +230,7 @@ def test_bad_params_name_the_parameter(runner: WasmActivityRunner) -> None:
 
 
 def test_unknown_function(runner: WasmActivityRunner) -> None:
-    outcome = runner.run(
+    outcome = runner.call(
         "testing:fixtures/activity.nope", [], {}, time.monotonic() + 1, threading.Event(), print
     )
     assert isinstance(outcome, RunTrap) and "nope" in outcome.reason
@@ -309,7 +309,7 @@ def test_compiled_cache(tmp_path: Path) -> None:
     assert engine.load(path.read_bytes(), tmp_path).cache_hit
     # the cached code works
     runner = WasmActivityRunner(second.component, inspect_exports(second.component))
-    assert runner.run(
+    assert runner.call(
         fx.ffqn("echo"), ["c"], {}, time.monotonic() + 5, threading.Event(), print
     ) == RunOk("c")
     # a corrupt cache entry is replaced
@@ -340,7 +340,7 @@ world w { import thing; export activity; export bare: func(); }
     runner = WasmActivityRunner(component, sigs)
     with pytest.raises(ComponentLoadError, match="testing:unknown/thing"):
         runner.verify_instantiable()
-    outcome = runner.run(
+    outcome = runner.call(
         "testing:unknown/activity.go", [], {}, time.monotonic() + 5, threading.Event(), print
     )
     assert isinstance(outcome, RunTrap) and outcome.reason.startswith("cannot instantiate")
@@ -351,9 +351,11 @@ def test_component_of_another_engine_runs_on_that_engine() -> None:
     component = engine.load_component(fx.activity_component())
     runner = WasmActivityRunner(component, inspect_exports(component))
     assert runner.engine is engine
-    outcome = runner.run(fx.ffqn("spin"), [], {}, time.monotonic() + 0.05, threading.Event(), print)
+    outcome = runner.call(
+        fx.ffqn("spin"), [], {}, time.monotonic() + 0.05, threading.Event(), print
+    )
     assert outcome == RunTimedOut()  # its own epoch ticker is running
-    assert runner.run(
+    assert runner.call(
         fx.ffqn("echo"), ["e"], {}, time.monotonic() + 5, threading.Event(), print
     ) == RunOk("e")
 
@@ -410,7 +412,7 @@ world w { export activity; }
     component = load_activity(path, None, fallback)
     runner = WasmActivityRunner(component, inspect_exports(component))
     assert runner.engine is fallback and not fallback.pooled
-    outcome = runner.run(
+    outcome = runner.call(
         "testing:big/activity.go", [], {}, time.monotonic() + 5, threading.Event(), print
     )
     assert outcome == RunOk(None)
@@ -438,7 +440,7 @@ world w { export activity; }
     runner = WasmActivityRunner(component, inspect_exports(component))
     assert runner.engine.pooled
     outcomes = [
-        runner.run(
+        runner.call(
             "testing:fresh/activity.bump", [], {}, time.monotonic() + 5, threading.Event(), print
         )
         for _ in range(5)
@@ -489,4 +491,4 @@ world w { export activity; }
     ffqn = "testing:versioned/activity@1.2.0.answer"
     assert sigs == {ffqn: FunctionSignature([("question", STRING)], WitResult(U32, STRING))}
     runner = WasmActivityRunner(component, sigs)
-    assert runner.run(ffqn, ["?"], {}, time.monotonic() + 5, threading.Event(), print) == RunOk(42)
+    assert runner.call(ffqn, ["?"], {}, time.monotonic() + 5, threading.Event(), print) == RunOk(42)

@@ -108,6 +108,7 @@ from quickjs_rs import (
     Runtime,
 )
 
+from engine.runtimes.api import RunContext
 from engine.runtimes.js.heap import SandboxImages
 from engine.runtimes.js.memory import (
     GuestStderr,
@@ -1120,7 +1121,13 @@ class JsActivityRunner:
 
     # -- running --
 
-    def run(
+    def run(self, ffqn: str, params: list[Any], ctx: RunContext) -> RunOutcome:
+        """`ActivityRunner.run`: the export once (a JS activity exports one function)."""
+        return self.call(
+            params, ctx.deadline, ctx.cancel, ctx.log, list(ctx.allowed_hosts), dict(ctx.env)
+        )
+
+    def call(
         self,
         params_json: list[Any],
         deadline: float,

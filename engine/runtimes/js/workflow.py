@@ -176,6 +176,7 @@ from engine.runtimes.js.activity import (
 )
 from engine.runtimes.js.heap import HeapImage, SandboxImages
 from engine.runtimes.js.quickjs_fast import fast_guest_calls, map_host_function
+from engine.runtimes.outcome import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap, WorkflowOutcome
 from engine.runtimes.workflow_host import (
     AllProcessed,
     ChildResponse,
@@ -237,46 +238,6 @@ _API_NAMES = (
     "ChildError",
     "AwaitNextError",
 )
-
-
-# ---------------------------------------------------------------------------
-# Outcomes
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class WfOk:
-    """The function returned; `value` is JSON (None for `undefined`)."""
-
-    value: Any
-
-
-@dataclass(frozen=True, slots=True)
-class WfErr:
-    """The function threw; `value` is the err value (see the module docstring)."""
-
-    value: Any
-
-
-@dataclass(frozen=True, slots=True)
-class WfTrap:
-    """Misuse of the host API, or an engine failure: `execution_failure{uncategorized}`."""
-
-    reason: str
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class WfAborted:
-    """The host raised `RunAborted`, or `interrupt()` was called: discard the run."""
-
-
-@dataclass(frozen=True, slots=True)
-class WfTimedOut:
-    """The guest computed longer than `spin_timeout` without a host call."""
-
-
-WorkflowOutcome = WfOk | WfErr | WfTrap | WfAborted | WfTimedOut
 
 
 class JsWorkflowLoadError(Exception):
@@ -1511,9 +1472,11 @@ class JsWorkflowRunner:
         host: WorkflowHost,
         params: list[Any],
         *,
+        ffqn: str | None = None,
         spin_timeout: float | None = None,
     ) -> WorkflowOutcome:
-        """Run the export once against `host` with `params` as positional arguments.
+        """Run the export once against `host` with `params` as positional arguments (a
+        JS workflow exports one function: `ffqn` is the one it was deployed as).
 
         Never raises for guest faults; re-raises an unexpected exception of the host.
         """

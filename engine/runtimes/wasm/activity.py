@@ -56,6 +56,7 @@ from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
 from wasmtime import component as wc
 
+from engine.runtimes.api import RunContext
 from engine.runtimes.gil import keep_gil
 from engine.runtimes.outcome import (
     LogLevel,
@@ -752,7 +753,12 @@ class WasmActivityRunner:
         """Instantiate once (imports satisfiable?) so a deployment fails early and clearly."""
         self.engine.verify_instantiable(self.component, timeout)
 
-    def run(
+    def run(self, ffqn: str, params: list[Any], ctx: RunContext) -> RunOutcome:
+        """`ActivityRunner.run`. (`ctx.allowed_hosts` is not applied to WASM activities
+        yet: their outgoing HTTP is not intercepted.)"""
+        return self.call(ffqn, params, ctx.env, ctx.deadline, ctx.cancel, ctx.log)
+
+    def call(
         self,
         ffqn: str,
         params_json: list[Any],

@@ -84,7 +84,7 @@ from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
 from wasmtime import component as wc
 
-from engine.runtimes.js.workflow import (
+from engine.runtimes.outcome import (
     WfAborted,
     WfErr,
     WfOk,
