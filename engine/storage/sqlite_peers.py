@@ -89,6 +89,11 @@ class PeerBus:
         self._reject_log_after = 0.0
         self._rejected_unlogged = 0
 
+    @property
+    def address(self) -> bytes:
+        """The abstract socket address this bus binds (the other peers send to it)."""
+        return self._address(self.name)
+
     def _address(self, name: str) -> bytes:
         return self._prefix + b"-" + name.encode()
 
