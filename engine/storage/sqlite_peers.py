@@ -225,8 +225,7 @@ class PeerBus:
         if now < self._reject_log_after:
             return
         log.warning(
-            "ignored %d datagram(s) sent to the peer bus of %s that are not from a peer "
-            "(last: %s)",
+            "ignored %d datagram(s) sent to the peer bus of %s that are not from a peer (last: %s)",
             self._rejected_unlogged,
             self.directory,
             reason,
