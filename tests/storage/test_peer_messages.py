@@ -10,6 +10,7 @@ test process's own socket stands for a forger of the same uid.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import stat
@@ -55,8 +56,12 @@ async def delivered(storage: SqliteStorage, sock: socket.socket, *payloads: byte
     read (datagrams are read in order: everything before it was handled) and what the
     payloads made it read back is done."""
     received = storage.peers.stats["received"]
-    for payload in (*payloads, b"marker"):
-        sock.sendto(payload, storage.peers.address)
+
+    def send() -> None:  # from a thread: a full socket blocks until the loop reads
+        for payload in (*payloads, b"marker"):
+            sock.sendto(payload, storage.peers.address)
+
+    await asyncio.to_thread(send)
     feed = storage.notifier
     async with asyncio.timeout(30):
         while storage.peers.stats["received"] <= received:
@@ -146,3 +151,19 @@ async def test_the_register_of_peers_is_private(tmp_path: Path) -> None:
         assert stat.S_IMODE(storage.peers.directory.stat().st_mode) == 0o700
     finally:
         await storage.close()
+
+
+async def test_rejected_datagrams_are_counted_each_but_logged_once(
+    pair: tuple[SqliteStorage, SqliteStorage],
+    forger: socket.socket,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A flood of datagrams that are no peer's (here: longer than a peer sends) must not
+    flood the log."""
+    a, _ = pair
+    with caplog.at_level(logging.WARNING, logger="obelisk.storage"):
+        await delivered(a, forger, *[b"x\n" + b"z" * 70_000] * 5)
+    assert a.peers.stats["rejected"] == 5
+    warnings = [r.getMessage() for r in caplog.records if "peer bus" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "too long" in warnings[0]
