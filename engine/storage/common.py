@@ -7,10 +7,11 @@ The state machine itself is `engine.core.state`.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import hashlib
 import logging
-from collections.abc import Sequence
+import math
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -180,10 +181,27 @@ class RemoteNotes:
         return out
 
 
-def apply_remote_notes(notifier: Notifier, body: str) -> list[str]:
+@dataclass(slots=True)
+class RemoteChecks:
+    """What a `RemoteNotes` payload asks this process to re-read: a peer only wakes."""
+
+    #: Executions said finished that someone here awaits (the caller reads the results).
+    finished: list[str] = field(default_factory=list)
+    #: Executions said cancelled (or released) that a run here holds: the caller reads
+    #: their summaries and stops the runs the log stops (`stop_runs_the_log_stops`).
+    stops: list[str] = field(default_factory=list)
+
+
+def apply_remote_notes(notifier: Notifier, body: str) -> RemoteChecks:
     """Wake this process's waiters for what another process committed (the lines of a
-    `RemoteNotes` payload after its sender). Returns the executions it finished: the
-    caller reads their results for the local waiters."""
+    `RemoteNotes` payload after its sender); returns what must be read back first.
+
+    Whoever can send (a NOTIFY by any database user; a datagram, though the bus checks
+    the sender's uid) cannot decide an outcome: each line only makes a waiter re-read
+    the database (pending work, responses, the cancellation driver), and what would act
+    at once, a cancellation stopping a run, is left to the caller to confirm from the
+    log. Lines that do not parse are ignored."""
+    checks = RemoteChecks()
     finished: list[str] = []
     for line in body.split("\n"):
         kind, _, arg = line.partition(" ")
@@ -193,20 +211,54 @@ def apply_remote_notes(notifier: Notifier, body: str) -> list[str]:
             notifier.pending(arg)
         elif kind == "l":
             delay, _, ffqn = arg.partition(" ")
-            with contextlib.suppress(ValueError):
-                notifier.pending_later(ffqn, max(0.0, float(delay)))
+            seconds = _seconds(delay)
+            if seconds is not None:
+                notifier.pending_later(ffqn, seconds)
         elif kind == "r":
             notifier.response(arg)
         elif kind == "f":
             finished.append(arg)
         elif kind == "c":
-            notifier.cancelled(arg)
+            if notifier.listens(arg):  # no read for what runs elsewhere (or nowhere)
+                checks.stops.append(arg)
         elif kind == "x":
             notifier.cancelling(arg)
-    if not finished:
-        return []
-    awaited = set(notifier.awaited_results())
-    return [e for e in finished if e in awaited]
+    if finished:
+        awaited = set(notifier.awaited_results())
+        checks.finished = [e for e in dict.fromkeys(finished) if e in awaited]
+    checks.stops = list(dict.fromkeys(checks.stops))
+    return checks
+
+
+def _seconds(text: str) -> float | None:
+    """A delay of an `l` line: finite, not negative (None: not a delay)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return max(0.0, value) if math.isfinite(value) else None
+
+
+def run_must_stop(s: ExecutionSummary) -> bool:
+    """Whether the log says that the run holding `s` must let go of it: its cancellation
+    was requested (`cancel_events`), it was paused (`pause_events` released it), it
+    finished, or it is no longer locked at all. The rule for a cancellation announced
+    by another process, whose word alone is no reason to stop a run."""
+    return s.is_finished or s.cancelling or s.paused or not isinstance(s.underlying, Locked)
+
+
+async def stop_runs_the_log_stops(
+    notifier: Notifier,
+    execution_ids: Sequence[str],
+    read: Callable[[str], Awaitable[ExecutionSummary]],
+) -> None:
+    """The `stops` of `RemoteChecks`: read each summary (`read`: the backend's batched
+    summary read) and stop the local run only where `run_must_stop`. A failed read
+    (e.g. while closing) stops nothing, as a lost wake-up would not."""
+    summaries = await asyncio.gather(*(read(e) for e in execution_ids), return_exceptions=True)
+    for execution_id, s in zip(execution_ids, summaries, strict=True):
+        if isinstance(s, ExecutionSummary) and run_must_stop(s):
+            notifier.cancelled(execution_id)
 
 
 def direct_locked(req: CreateRequest, lock: DirectLock, s: ExecutionSummary) -> LockedExecution:

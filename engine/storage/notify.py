@@ -334,6 +334,10 @@ class Notifier:
         if callback is None or self._cancel_callbacks.get(execution_id) == callback:
             self._cancel_callbacks.pop(execution_id, None)
 
+    def listens(self, execution_id: str) -> bool:
+        """Whether a run here holds `execution_id` (its cancellation listener is added)."""
+        return execution_id in self._cancel_callbacks
+
     def cancelled(self, execution_id: str) -> None:
         callback = self._cancel_callbacks.get(execution_id)
         if callback is not None:

@@ -72,6 +72,7 @@ from engine.storage.common import (
     prepare_backtraces,
     projection,
     response_source,
+    stop_runs_the_log_stops,
     summary_decoder,
     us,
 )
@@ -709,9 +710,13 @@ class PostgresStorage:
         if sender == self._sender:
             return  # announced locally after the commit
         self.stats["notifications"] += 1
-        finished = apply_remote_notes(self.notifier, body)
-        if finished:
-            self._spawn(self._announce_finished(finished))
+        checks = apply_remote_notes(self.notifier, body)
+        if checks.finished:
+            self._spawn(self._announce_finished(checks.finished))
+        if checks.stops:
+            self._spawn(
+                stop_runs_the_log_stops(self.notifier, checks.stops, self._get_summary_batched)
+            )
         self.notifier.changed()
 
     def _wake_everyone(self) -> None:

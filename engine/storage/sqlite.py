@@ -23,7 +23,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -64,6 +64,7 @@ from engine.storage.common import (
     pause_events,
     prepare_backtraces,
     projection,
+    stop_runs_the_log_stops,
     summary_decoder,
     us,
 )
@@ -807,12 +808,20 @@ class SqliteStorage:
     def _on_peer_message(self, payload: str) -> None:
         """On the loop: another process committed."""
         _sender, _, body = payload.partition("\n")
-        finished = apply_remote_notes(self.notifier, body)
-        if finished:
-            task = asyncio.ensure_future(self._announce_finished(finished))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+        checks = apply_remote_notes(self.notifier, body)
+        # Read back in the same loop iteration: one batched summary read for both.
+        if checks.finished:
+            self._spawn(self._announce_finished(checks.finished))
+        if checks.stops:
+            self._spawn(
+                stop_runs_the_log_stops(self.notifier, checks.stops, self._get_summary_batched)
+            )
         self.notifier.changed()
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _announce_finished(self, ids: list[str]) -> None:
         """Local waiters of results another process finished (read together: one query

@@ -13,6 +13,13 @@ parent's run waiting in another at once, instead of at its next poll.
 - Sending never blocks the writer: a datagram a peer has no room for is dropped, and
   the peer's periodic re-checks (`exec.tick_sleep`, the 1 s re-reads of awaited results
   and responses) catch up, as they did before there was a bus.
+- Peers are authenticated: the socket asks for the sender's credentials
+  (`SO_PASSCRED`), the kernel attaches them to every datagram, and one that is not from
+  this process's uid (or carries none) is dropped. The register is 0700, so that other
+  users do not even learn the names. (Abstract sockets have no file permissions: anyone
+  on the host who knows a name can send to it.)
+- A message only wakes this process to re-read the database (`apply_remote_notes`):
+  whatever a peer says, outcomes are decided by what the log holds.
 - Elsewhere than on Linux there is no bus, only the re-checks.
 """
 
@@ -25,6 +32,7 @@ import hashlib
 import logging
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -43,6 +51,12 @@ MAX_DATAGRAM = 32_000
 OBSERVER_SUFFIX = "-observer"
 #: Receive buffer asked for: bursts of commits while the loop is busy.
 RECEIVE_BUFFER = 4 * 1024 * 1024
+#: Largest datagram read; a longer one is not from a peer (they send < `MAX_DATAGRAM`).
+RECEIVE_SIZE = 65536
+#: Seconds between two warnings about rejected datagrams (a flood must not flood the log).
+REJECT_LOG_INTERVAL = 60.0
+#: `struct ucred` of `SCM_CREDENTIALS`: pid_t pid, uid_t uid, gid_t gid.
+_UCRED = struct.Struct("iII")
 
 
 def supported() -> bool:
@@ -69,8 +83,18 @@ class PeerBus:
         self._peers: list[str] = []
         self._peers_at = 0.0
         self._lock = threading.Lock()  # `send` may come from several threads
-        #: Counters: datagrams sent, received, dropped (no room at the peer).
-        self.stats = {"sent": 0, "received": 0, "dropped": 0}
+        #: Counters: datagrams sent, received, dropped (no room at the peer), rejected
+        #: (not from this uid, without credentials, or too long: not read).
+        self.stats = {"sent": 0, "received": 0, "dropped": 0, "rejected": 0}
+        self._uid = os.getuid() if hasattr(os, "getuid") else -1
+        #: When a rejected datagram may be logged again, and how many were not logged.
+        self._reject_log_after = 0.0
+        self._rejected_unlogged = 0
+
+    @property
+    def address(self) -> bytes:
+        """The abstract socket address this bus binds (the other peers send to it)."""
+        return self._address(self.name)
 
     def _address(self, name: str) -> bytes:
         return self._prefix + b"-" + name.encode()
@@ -84,9 +108,13 @@ class PeerBus:
         try:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+            # Without the senders' credentials a peer cannot be told from another user.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             sock.bind(self._address(self.name))
             sock.setblocking(False)
             private_dir(self.directory)
+            with contextlib.suppress(OSError):  # made by an older version (or not ours)
+                self.directory.chmod(0o700)
             (self.directory / self.name).touch(mode=0o600)
         except OSError as e:
             sock.close()
@@ -174,13 +202,50 @@ class PeerBus:
             return
         while True:
             try:
-                data = sock.recv(65536)
+                data, ancillary, flags, _ = sock.recvmsg(
+                    RECEIVE_SIZE, socket.CMSG_SPACE(_UCRED.size)
+                )
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
                 return
+            refusal = refused(ancillary, flags, self._uid)
+            if refusal is not None:
+                self._rejected(refusal)
+                continue
             self.stats["received"] += 1
             try:
                 self._on_message(data.decode("utf-8", "replace"))
             except Exception:  # a waiter's bug must not stop the bus
                 log.exception("a wake-up from another process failed")
+
+    def _rejected(self, reason: str) -> None:
+        """Count a datagram that is not from a peer; warn at most once per interval."""
+        self.stats["rejected"] += 1
+        self._rejected_unlogged += 1
+        now = time.monotonic()
+        if now < self._reject_log_after:
+            return
+        log.warning(
+            "ignored %d datagram(s) sent to the peer bus of %s that are not from a peer (last: %s)",
+            self._rejected_unlogged,
+            self.directory,
+            reason,
+        )
+        self._rejected_unlogged = 0
+        self._reject_log_after = now + REJECT_LOG_INTERVAL
+
+
+def refused(ancillary: list[tuple[int, int, bytes]], flags: int, uid: int) -> str | None:
+    """Why a received datagram is not from a peer (None: it is): peers run as `uid`,
+    which the kernel vouches for in `SCM_CREDENTIALS` (a sender may only claim its own
+    ids unless it has CAP_SETUID, i.e. is root), and send less than `RECEIVE_SIZE`."""
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        return "too long"
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            if len(data) < _UCRED.size:
+                break
+            pid, sender, _gid = _UCRED.unpack_from(data)
+            return None if sender == uid else f"uid {sender}, pid {pid}"
+    return "no credentials"

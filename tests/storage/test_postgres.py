@@ -262,6 +262,32 @@ async def test_cancellation_reaches_the_executor_in_another_process(opened: Open
     assert a.changes().generation > changes_before
 
 
+async def test_a_forged_notify_does_not_stop_a_run(opened: Opener, url: str) -> None:
+    """Any database user can NOTIFY: a cancellation it claims is checked against the log."""
+    a = await opened()
+    request = create_request()
+    await a.create(request, at(0))
+    [le] = await a.lock_pending(**Executor([ACTIVITY_FFQN]).lock_args(at(1)))
+    called = asyncio.Event()
+    a.subscribe_cancellations().add(le.execution_id, called.set)
+    heard = a.stats["notifications"]
+    conn = await raw(url)
+    try:
+        payload = f"forger\nc {le.execution_id}\nx {le.execution_id}"
+        await conn.execute("SELECT pg_notify($1, $2)", a._channel, payload)
+    finally:
+        await conn.close()
+    feed = a.changes()
+    async with asyncio.timeout(30):
+        while a.stats["notifications"] == heard:
+            await feed.wait_changed(feed.generation, 1.0)
+    await asyncio.gather(*list(a._background))  # the summary read back
+    assert not called.is_set()
+    b = await opened()
+    await b.request_cancellation(le.execution_id, at(2))  # for real: the log says so
+    await asyncio.wait_for(called.wait(), 30)
+
+
 # ---------------------------------------------------------------------------------------
 # lost connections
 # ---------------------------------------------------------------------------------------
