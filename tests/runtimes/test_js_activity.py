@@ -599,12 +599,12 @@ def test_compiled_quickjs_is_cached_on_disk(tmp_path: Path) -> None:
 
 _THREAD_LOOPS_AT_EXIT = """
 import asyncio, threading
-from engine.runtimes.js.activity import _run_coroutine
+from engine.runtimes.js.common import run_coroutine
 ran = threading.Barrier(9)
 def worker():
     async def step():
         await asyncio.sleep(0)
-    _run_coroutine(step)  # keeps this thread's loop for its next run
+    run_coroutine(step)  # keeps this thread's loop for its next run
     ran.wait()
     threading.Event().wait()  # a pool thread still alive when the process exits
 for _ in range(8):

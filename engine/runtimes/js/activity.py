@@ -79,21 +79,16 @@ Sandboxes also take the leaner guest-call and memory paths of
 from __future__ import annotations
 
 import asyncio
-import atexit
-import concurrent.futures
 import contextlib
 import functools
-import hashlib
 import json
 import re
 import secrets
 import threading
 import time
 import traceback
-import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 from urllib.parse import urljoin, urlsplit
 
@@ -109,6 +104,15 @@ from quickjs_rs import (
 )
 
 from engine.runtimes.api import RunContext
+from engine.runtimes.js.common import (
+    DEFAULT_MEMORY_LIMIT,
+    out_of_memory_reason,
+    parse_json_result,
+    run_coroutine,
+    source_line,
+    trap_reason,
+    warm_up,
+)
 from engine.runtimes.js.heap import SandboxImages
 from engine.runtimes.js.memory import (
     GuestStderr,
@@ -144,8 +148,6 @@ __all__ = [
     "warm_up",
 ]
 
-DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
-"""Limit of the guest's WASM linear memory (QuickJS heap, stack and interpreter data)."""
 #: Whether sandboxes use `engine.runtimes.js.quickjs_fast` (tests compare both paths).
 ACCELERATE = True
 #: Sandboxes wrap their exports when first used (`quickjs_fast.install_lazy_exports`).
@@ -160,17 +162,10 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _MIN_MEMORY_LIMIT = 4 * 1024 * 1024
 
 
-def out_of_memory_reason(memory_limit: int) -> str:
-    """The failure reason of a run that exhausted its sandbox's memory (also when it
-    happened while serializing the return value)."""
-    return f"out of memory (the JS sandbox's limit is {memory_limit // 2**20} MiB)"
-
-
 _POLL_INTERVAL = 0.02
 _MAX_REDIRECTS = 20
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_BIGINT_PREFIX = "\x00obelisk:bigint:"
 _LOG_LEVELS: frozenset[str] = frozenset({"trace", "debug", "info", "warn", "error"})
 _CASE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:-[A-Za-z][A-Za-z0-9]*)*")
 
@@ -514,35 +509,7 @@ _LOAD_SNIPPET = (
 # ---------------------------------------------------------------------------
 
 
-def _revive_bigints(value: Any) -> Any:
-    if isinstance(value, str):
-        if value.startswith(_BIGINT_PREFIX):
-            return int(value[len(_BIGINT_PREFIX) :])
-        return value
-    if isinstance(value, list):
-        return [_revive_bigints(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _revive_bigints(v) for k, v in value.items()}
-    return value
-
-
-def _parse_json_result(text: str) -> Any:
-    value = json.loads(text)
-    if "\\u0000obelisk:bigint:" in text:
-        value = _revive_bigints(value)
-    return value
-
-
 _STACK_POS = re.compile(r"\(?([^\s()]+):(\d+):(\d+)\)?\s*$")
-
-
-def source_line(source: str, line: int, limit: int = 80) -> str:
-    """Line `line` (1-based) of `source`, stripped, cut to `limit` and quoted: where a
-    syntax error is (QuickJS's column of a parse error is unreliable: it may count
-    from an earlier line)."""
-    lines = source.splitlines()
-    text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
 
 
 def _position(stack: str | None, filename: str) -> tuple[int, int] | None:
@@ -552,72 +519,6 @@ def _position(stack: str | None, filename: str) -> tuple[int, int] | None:
         if m is not None and m.group(1) == filename:
             return int(m.group(2)), int(m.group(3))
     return None
-
-
-class _ThreadLoop:
-    """A thread's private event loop, kept from one run to the next: a new loop costs a
-    socket pair and an epoll instance, and closing one looks at every task of the
-    process (`asyncio.all_tasks`), hundreds while the engine's loop is busy. The tasks
-    created on it are tracked here, so that the ones a run leaves behind are found
-    without that scan. Closed when its thread ends (the thread-local goes)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.loop.set_task_factory(self._task)
-
-    def _task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
-        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
-
-    def run(self, factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
-        loop = self.loop
-        try:
-            return loop.run_until_complete(factory())
-        finally:
-            pending = [t for t in self.tasks if not t.done()]
-            for t in pending:
-                t.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            if not self.loop.is_closed() and not self.loop.is_running():
-                self.loop.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-
-_thread_loops = threading.local()
-#: Every live one: closed at exit, before the interpreter tears objects down in any order
-#: (a loop finalised after its self-pipe's socket prints a traceback).
-_all_thread_loops: weakref.WeakSet[_ThreadLoop] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_thread_loops() -> None:
-    for own in list(_all_thread_loops):
-        own.close()
-
-
-def _run_coroutine(factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
-    """Run a coroutine on this thread's private event loop (or on a helper thread when
-    this thread already runs a loop). The loop's default executor is never waited for,
-    so an abandoned DNS lookup cannot hold the caller."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        own: _ThreadLoop | None = getattr(_thread_loops, "loop", None)
-        if own is None or own.loop.is_closed():
-            own = _thread_loops.loop = _ThreadLoop()
-            _all_thread_loops.add(own)
-        return own.run(factory)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: _run_coroutine(factory)).result()
 
 
 class _FetchError(Exception):
@@ -963,54 +864,6 @@ def _discard_log(_line: LogLine) -> None:
     return None
 
 
-def warm_up(cache_dir: Path | None = None) -> None:
-    """Compile QuickJS's WASM now (once per process) instead of on first use.
-
-    With `cache_dir`, the compiled module is kept there (keyed by the guest's digest, the
-    wasmtime version and the machine) and later processes deserialize it in a few ms
-    instead of compiling it again (~0.3-1 s). Blocking: call it from a thread
-    (`asyncio.to_thread(warm_up, …)`) at start.
-    """
-    if cache_dir is not None:
-        _preload_compiled_quickjs(cache_dir)
-    rt = Runtime()
-    try:
-        rt.new_context().eval("0")
-    finally:
-        rt.close()
-
-
-def _preload_compiled_quickjs(cache_dir: Path) -> None:
-    """Put QuickJS's compiled module in quickjs-rs's process-wide artifact cache, from the
-    disk cache when it is there. Uses quickjs-rs internals (the version is pinned)."""
-    import wasmtime
-    from quickjs_rs import _engine as qjs_engine
-    from quickjs_rs import _wasmtime as qjs_wasmtime
-
-    from engine.runtimes.wasm.activity import cache_tag, write_atomically
-
-    key = "quickjs"  # the key quickjs_rs._engine._quickjs_artifact uses
-    if key in qjs_wasmtime._SHARED_ARTIFACTS:
-        return
-    wasm = qjs_engine._read_guest_wasm()
-    digest = hashlib.sha256(wasm)
-    path = Path(cache_dir) / f"quickjs-{digest.hexdigest()[:32]}-{cache_tag()}.cwasm"
-    engine = qjs_wasmtime.shared_wasmtime_engine()
-    module = None
-    with contextlib.suppress(OSError, wasmtime.WasmtimeError):  # missing, or unusable
-        module = wasmtime.Module.deserialize(engine, path.read_bytes())
-    if module is None:
-        module = wasmtime.Module(engine, wasm)
-        write_atomically(path, bytes(module.serialize()))
-    artifact = qjs_wasmtime.SharedWasmArtifact(
-        module=module,
-        linker=qjs_engine._build_shared_linker(engine),
-        build_id=digest.digest(),
-    )
-    with qjs_wasmtime._SHARED_ARTIFACTS_LOCK:
-        qjs_wasmtime._SHARED_ARTIFACTS.setdefault(key, artifact)
-
-
 class JsActivityRunner:
     """Runs one export of a JS ES module; one fresh QuickJS sandbox per `run()`.
 
@@ -1050,7 +903,7 @@ class JsActivityRunner:
         """Load the module in a fresh sandbox (its top-level code runs with no network
         and discarded logs; `process.env` only if `env_vars` is given) and verify the
         export is a function. Raises `JsLoadError`."""
-        _run_coroutine(lambda: self._check_async(env_vars))
+        run_coroutine(lambda: self._check_async(env_vars))
 
     async def _check_async(self, env_vars: dict[str, str] | None) -> None:
         fname = self.filename
@@ -1087,9 +940,7 @@ class JsActivityRunner:
             except JSError as e:
                 raise JsLoadError(self._load_error_message(e)) from None
             except wasmtime.Trap as e:
-                raise JsLoadError(
-                    f"{fname}: engine trap while loading: {_trap_reason(e)}"
-                ) from None
+                raise JsLoadError(f"{fname}: engine trap while loading: {trap_reason(e)}") from None
             except QuickJSError as e:
                 raise JsLoadError(f"{fname}: cannot load the module: {e}") from None
             kind, exports = box.ctx.eval(
@@ -1152,7 +1003,7 @@ class JsActivityRunner:
             params_js = json.dumps(list(params_json), allow_nan=False)
         except (TypeError, ValueError) as e:
             return RunTrap(f"params are not JSON: {e}")
-        outcome = _run_coroutine(
+        outcome = run_coroutine(
             lambda: self._run_async(params_js, deadline, cancel, log, patterns, env_vars)
         )
         release_after_failure(outcome, len(params_js))
@@ -1224,14 +1075,14 @@ class JsActivityRunner:
         if is_allocation_failure(e, box.stderr.text()):
             return RunTrap("out of memory", str(e))
         if isinstance(e, wasmtime.Trap):
-            return RunTrap(_trap_reason(e), str(e))
+            return RunTrap(trap_reason(e), str(e))
         if isinstance(e, QuickJSError):
             return RunTrap(f"{stage}: {type(e).__name__}: {e}", traceback.format_exc())
         return RunTrap(f"{stage}: internal error: {e!r}", traceback.format_exc())
 
     def _outcome_from_record(self, text: str) -> RunOutcome:
         try:
-            record = _parse_json_result(text)
+            record = parse_json_result(text)
         except ValueError as e:
             return RunTrap(f"cannot decode the function's result: {e}", text[:1000])
         kind = record.get("t")
@@ -1243,11 +1094,3 @@ class JsActivityRunner:
         if kind == "oom":
             return RunTrap("out of memory")
         return RunTrap(str(record.get("reason", "unknown failure")), str(record.get("detail", "")))
-
-
-def _trap_reason(e: BaseException) -> str:
-    text = str(e)
-    if "call stack exhausted" in text:
-        return "stack overflow"
-    last = text.strip().splitlines()[-1] if text.strip() else type(e).__name__
-    return f"wasm trap: {last.strip()}"

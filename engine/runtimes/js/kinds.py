@@ -29,7 +29,7 @@ class _JsKind(ComponentKind):
     declares_function = True
 
     def prepare(self, cache_dir: Path) -> None:
-        from engine.runtimes.js.activity import warm_up
+        from engine.runtimes.js.common import warm_up
 
         # Compile QuickJS once before the JS modules are checked under a load timeout.
         warm_up(cache_dir)

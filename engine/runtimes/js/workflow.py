@@ -163,16 +163,17 @@ from quickjs_rs import (
 from engine.core.records import Frame
 from engine.runtimes.gil import keep_gil
 from engine.runtimes.js.activity import (
-    DEFAULT_MEMORY_LIMIT,
-    _parse_json_result,
-    _run_coroutine,
-    _trap_reason,
-    out_of_memory_reason,
-    source_line,
-    warm_up,
-)
-from engine.runtimes.js.activity import (
     LAZY_EXPORTS as LAZY_EXPORTS,  # `quickjs_fast.install_lazy_exports` (see below)
+)
+from engine.runtimes.js.common import (
+    BIGINT_PREFIX,
+    DEFAULT_MEMORY_LIMIT,
+    out_of_memory_reason,
+    parse_json_result,
+    run_coroutine,
+    source_line,
+    trap_reason,
+    warm_up,
 )
 from engine.runtimes.js.heap import HeapImage, SandboxImages
 from engine.runtimes.js.quickjs_fast import fast_guest_calls, map_host_function
@@ -873,7 +874,6 @@ class _BadArgs(Exception):
 
 
 _MAX_SAFE_INTEGER = 2**53 - 1
-_BIGINT_PREFIX = "\x00obelisk:bigint:"
 
 
 def _wide_ints_as_bigints(value: Any) -> Any:
@@ -883,9 +883,7 @@ def _wide_ints_as_bigints(value: Any) -> Any:
         return value
     if isinstance(value, int):
         return (
-            value
-            if -_MAX_SAFE_INTEGER <= value <= _MAX_SAFE_INTEGER
-            else f"{_BIGINT_PREFIX}{value}"
+            value if -_MAX_SAFE_INTEGER <= value <= _MAX_SAFE_INTEGER else f"{BIGINT_PREFIX}{value}"
         )
     if isinstance(value, list):
         return [_wide_ints_as_bigints(v) for v in value]
@@ -1165,7 +1163,7 @@ class _Run:
         try:
             if self.stopping:
                 return _ABORT_REPLY
-            op, args, stack = _parse_json_result(str(request))
+            op, args, stack = parse_json_result(str(request))
             handler = self._ops.get(str(op))
             if handler is None:
                 return json.dumps({"e": f"unknown host operation {op!r}"})
@@ -1346,7 +1344,7 @@ class JsWorkflowRunner:
         a function. Raises `JsWorkflowLoadError`."""
         run = _Run(self, None, interfaces, "E_check", self.load_timeout)
         try:
-            _run_coroutine(lambda: self._check_async(run))
+            run_coroutine(lambda: self._check_async(run))
         finally:
             run.close()
 
@@ -1378,7 +1376,7 @@ class JsWorkflowRunner:
             raise self._load_error(run, e) from None
         except wasmtime.Trap as e:
             raise JsWorkflowLoadError(
-                f"{fname}: engine trap while loading: {_trap_reason(e)}", filename=fname
+                f"{fname}: engine trap while loading: {trap_reason(e)}", filename=fname
             ) from None
         except QuickJSError as e:
             raise JsWorkflowLoadError(
@@ -1494,7 +1492,7 @@ class JsWorkflowRunner:
         with self._lock:
             self._active.add(run)
         try:
-            outcome = _run_coroutine(lambda: self._run_async(run, params_js))
+            outcome = run_coroutine(lambda: self._run_async(run, params_js))
         finally:
             with self._lock:
                 self._active.discard(run)
@@ -1544,7 +1542,7 @@ class JsWorkflowRunner:
             await template.load_module()
 
         try:
-            _run_coroutine(load)
+            run_coroutine(load)
             # Restored from the prelude's image, so the one that knows a fresh sandbox.
             prelude = _prelude_images.peek(self.memory_limit) if template.from_snapshot else None
             if (
@@ -1587,7 +1585,7 @@ class JsWorkflowRunner:
                 return WfTrap(str(self._load_error(run, e)), e.stack or "")
             return WfTrap(f"{stage}: {e.name}: {e.message}", e.stack or "")
         except wasmtime.Trap as e:
-            reason = _trap_reason(e)
+            reason = trap_reason(e)
             return WfTrap(reason, "" if reason == "stack overflow" else str(e))
         except QuickJSError as e:
             return WfTrap(f"{stage}: {type(e).__name__}: {e}", traceback.format_exc())
@@ -1606,7 +1604,7 @@ class JsWorkflowRunner:
 
     def _outcome_from_record(self, text: str) -> WorkflowOutcome:
         try:
-            record = _parse_json_result(text)
+            record = parse_json_result(text)
         except ValueError as e:
             return WfTrap(f"cannot decode the function's result: {e}", text[:1000])
         kind = record.get("t")
