@@ -20,9 +20,11 @@ from engine.core.clock import Clock, SystemClock
 from engine.core.ids import DelayId, ExecutionId, IdError, new_deployment_id
 from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
-from engine.executors.activity import ActivityExecutor, BaseExecutor, TimersWatcher
+from engine.executors.activity import ActivityExecutor
+from engine.executors.base import BaseExecutor
 from engine.executors.cancellation import CancellationDriver
 from engine.executors.pool import RunPool
+from engine.executors.timers import TimersWatcher
 from engine.executors.workflow import WorkflowExecutor
 from engine.processes import Helpers
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription

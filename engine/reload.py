@@ -62,7 +62,7 @@ from engine.components import (
 from engine.core.ids import new_deployment_id
 from engine.deployment import ComponentConfig, Deployment, load_deployment
 from engine.errors import DeploymentError
-from engine.executors.activity import BaseExecutor
+from engine.executors.base import BaseExecutor
 from engine.executors.upgrade import Upgrader, UpgradeResult
 from engine.executors.workflow import WorkflowExecutor
 from engine.runtimes.api import LoadContext

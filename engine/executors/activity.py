@@ -1,9 +1,7 @@
-"""The executor loop (SPEC §6.1) for activities, and the timers watcher (SPEC §6.3).
-
-An executor locks due executions of its component's FFQNs in batches, runs each on a
-worker thread (runners are synchronous; the GIL is released while WASM runs), and turns
-the outcome into an append with the retry rules of `engine.core.state`.
-"""
+"""The executor of activities (SPEC §6.1): each locked execution runs on a worker thread
+through its component's `ActivityRunner` (runners are synchronous; the GIL is released
+while WASM runs), and the outcome becomes an append with the retry rules of
+`engine.core.state`."""
 
 from __future__ import annotations
 
@@ -15,22 +13,24 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor, Future
+from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from engine.core import events as ev
-from engine.core.clock import Clock
-from engine.core.ids import new_executor_id, new_run_id
+from engine.core.ids import new_run_id
 from engine.core.state import (
-    Locked,
-    expired_lock_event,
-    on_executor_died,
     on_temporary_failure,
 )
+from engine.executors.base import (
+    BaseExecutor,
+    err_payload_type,
+    ignore_outcome,
+    ok_payload_type,
+)
 from engine.executors.pool import RunPool
-from engine.runtimes.api import LoadedComponent, RunContext
+from engine.runtimes.api import RunContext
 from engine.runtimes.outcome import (
     LogLine,
     RunCancelled,
@@ -44,18 +44,16 @@ from engine.storage.contract import (
     AppendExtras,
     Conflict,
     DirectLock,
-    ExecutorLease,
     LockedExecution,
     NotFound,
-    Storage,
     StorageError,
-    StorageFull,
 )
-from engine.storage.disk_full import is_disk_full, report_disk_full
 from engine.wit.codec import WitValueError, validate_json
 
 log = logging.getLogger("obelisk.executor")
-T = TypeVar("T")
+
+#: How long a cancelled run may take to notice before its execution is finished without it.
+CANCEL_GRACE_SECONDS = 1.0
 
 
 def outcome_to_event(
@@ -104,195 +102,6 @@ def outcome_to_event(
         case RunCancelled():
             return ev.Finished(ev.ExecutionFailure("cancelled", "cancellation requested"))
     raise AssertionError(outcome)
-
-
-class BaseExecutor:
-    """The loop shared by activity and workflow executors (SPEC §6.1).
-
-    Each tick locks up to `exec.batch_size` due executions (never more than free slots of
-    `exec.max_inflight`), runs each in its own task, and sleeps on an in-process
-    notification (or `exec.tick_sleep`) when nothing is due.
-    """
-
-    with_log = False
-
-    def __init__(
-        self,
-        storage: Storage,
-        component: LoadedComponent,
-        clock: Clock,
-        threads: Executor,
-    ) -> None:
-        self.storage = storage
-        self.component = component
-        self.clock = clock
-        self.threads = threads
-        self.executor_id = new_executor_id()
-        cfg = component.config
-        self.ffqns = component.ffqns
-        self.retry = ev.RetryConfig(cfg.max_retries, cfg.retry_exp_backoff_ms)
-        #: Runs in progress: a task on the loop (workflows) or a future that a worker
-        #: thread completes (activities), and the event that interrupts the run.
-        self._inflight: dict[str, tuple[asyncio.Future[None] | Future[None], threading.Event]] = {}
-        self._slot_freed = asyncio.Event()
-        #: Grace periods of cancelled runs (`_finish_if_still_running`).
-        self._grace_tasks: set[asyncio.Task[None]] = set()
-        #: The loop waits for `_slot_freed` (all slots taken): set under `_reserve_lock`.
-        self._wants_slot = False
-        self._stopping = False
-        self._task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        #: Waiting for work with nothing due (its last lock found less than it asked for):
-        #: only then may creators lock for it directly (`ActivityExecutor.reserve`).
-        self._idle = False
-        #: Slots promised to direct locks whose transaction has not committed yet.
-        self._reserved = 0
-        self._reserve_lock = threading.Lock()
-        self._lease: ExecutorLease | None = None
-
-    @property
-    def name(self) -> str:
-        return self.component.config.name
-
-    def start(self) -> None:
-        # Which process holds a lock, when several share one database (SPEC §6).
-        log.info("executor %s started: %s", self.name, self.executor_id)
-        # Before the first lock: other processes must not mistake it for a dead one.
-        self._lease = self.storage.hold_executor_lease(self.executor_id)
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.create_task(self._run_loop(), name=f"executor {self.name}")
-
-    async def _run_loop(self) -> None:
-        cfg = self.component.config.exec
-        while not self._stopping:
-            with self._reserve_lock:
-                free = min(cfg.batch_size, cfg.max_inflight - len(self._inflight) - self._reserved)
-                if free <= 0:
-                    self._slot_freed.clear()
-                    self._wants_slot = True
-            if free <= 0:
-                await self._slot_freed.wait()
-                continue
-            now = self.clock.now()
-            try:
-                batch = await self.storage.lock_pending(
-                    ffqns=self.ffqns,
-                    batch_size=free,
-                    now=now,
-                    component_id=self.component.component_id,
-                    executor_id=self.executor_id,
-                    run_id=new_run_id(),
-                    lock_expires_at=now + timedelta(milliseconds=cfg.lock_expiry_ms),
-                    retry_config=self.retry,
-                    with_log=self.with_log,
-                )
-            except StorageError as e:
-                if is_disk_full(e):  # every executor, every tick: once per interval
-                    report_disk_full(log, e)
-                else:
-                    log.error("executor %s: locking failed: %s", self.name, e)
-                await self.clock.sleep(cfg.tick_sleep_ms / 1000)
-                continue
-            for locked in batch:
-                self._spawn(locked)
-            if len(batch) < free:
-                self._idle = True
-                try:
-                    await self.storage.wait_for_pending(self.ffqns, cfg.tick_sleep_ms / 1000)
-                finally:
-                    self._idle = False
-
-    def _spawn(self, locked: LockedExecution) -> None:
-        cancel = threading.Event()
-        task = asyncio.create_task(self._guarded_run(locked, cancel))
-        self._inflight[locked.execution_id] = (task, cancel)
-        self.storage.subscribe_cancellations().add(locked.execution_id, cancel.set)
-
-    async def _guarded_run(self, locked: LockedExecution, cancel: threading.Event) -> None:
-        try:
-            await self._run_one(locked, cancel)
-        except StorageFull as e:  # its lock expires; the timers watcher retries it
-            report_disk_full(log, e)
-        except Exception:
-            log.exception("executor %s: run of %s failed", self.name, locked.execution_id)
-        finally:
-            self.storage.subscribe_cancellations().remove(locked.execution_id)
-            self._inflight.pop(locked.execution_id, None)
-            self._slot_freed.set()
-
-    async def _run_one(self, locked: LockedExecution, cancel: threading.Event) -> None:
-        raise NotImplementedError
-
-    async def _leave_behind(self) -> None:
-        """Stopping, and runs did not end within `STOP_GRACE_SECONDS` of their interrupt:
-        workflow runs are waited for (they answer interrupts at their next host call)."""
-
-    async def _append_if_held(
-        self,
-        locked: LockedExecution,
-        event: ev.Event,
-        now: datetime,
-        extras: AppendExtras | None = None,
-        *,
-        cancelling: bool = False,
-    ) -> bool:
-        """Append `event` for a run from outside it (after a cancellation, at a stop), at
-        the version read now, if the execution is still locked by that run (and, with
-        `cancelling`, being cancelled). False when it is not, or moved on meanwhile."""
-        try:
-            s = await self.storage.get_summary(locked.execution_id)
-        except NotFound:
-            return False
-        u = s.underlying
-        if not (isinstance(u, Locked) and u.run_id == locked.run_id):
-            return False
-        if cancelling and not s.cancelling:
-            return False
-        try:
-            await self.storage.append(locked.execution_id, s.next_version, [event], now, extras)
-        except (Conflict, NotFound):
-            return False
-        return True
-
-    def _slot_freed_threadsafe(self) -> None:
-        """A run ended or a reserved slot was given back, on any thread: wake the loop
-        only if it waits for a slot (no loop wake-up per run otherwise)."""
-        with self._reserve_lock:
-            if not self._wants_slot:
-                return
-            self._wants_slot = False
-        loop = self._loop
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # a closed loop
-                loop.call_soon_threadsafe(self._slot_freed.set)
-
-    async def stop(self) -> None:
-        """Stop locking; interrupt runs and release them with `unlocked("executor closing")`."""
-        self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        # Until none is left: a direct lock taken on another thread as this began may
-        # still add one.
-        while inflight := list(self._inflight.values()):
-            for _, cancel in inflight:
-                cancel.set()
-            _, stuck = await asyncio.wait(
-                [
-                    f if isinstance(f, asyncio.Future) else asyncio.wrap_future(f)
-                    for f, _ in inflight
-                ],
-                timeout=STOP_GRACE_SECONDS,
-            )
-            if stuck:
-                await self._leave_behind()
-            for execution_id, (f, _) in list(self._inflight.items()):
-                if f.done():  # ended without taking itself out: it must not loop here
-                    del self._inflight[execution_id]
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
 
 
 class _DirectLock:
@@ -367,7 +176,7 @@ class ActivityExecutor(BaseExecutor):
                 now,
             )
         )
-        task.add_done_callback(_ignore_outcome)
+        task.add_done_callback(ignore_outcome)
 
     def _direct_release(self) -> None:
         """The creating transaction failed (any thread)."""
@@ -404,8 +213,8 @@ class ActivityExecutor(BaseExecutor):
                 lines.append(dataclasses.replace(line, at=clock.now()))
 
             run = self._runner_call(locked, deadline, cancel, sink)
-            ok_type = _ok_type(info.return_type)
-            err_type = _err_type(info.return_type)
+            ok_type = ok_payload_type(info.return_type)
+            err_type = err_payload_type(info.return_type)
             extras = AppendExtras(logs=lines, run_id=locked.run_id)
             outcome = run()
             now = self.clock.now()
@@ -537,7 +346,7 @@ class ActivityExecutor(BaseExecutor):
         task = asyncio.get_running_loop().create_task(later())
         self._grace_tasks.add(task)
         task.add_done_callback(self._grace_tasks.discard)
-        task.add_done_callback(_ignore_outcome)
+        task.add_done_callback(ignore_outcome)
 
     async def _append_after_cancellation(
         self, locked: LockedExecution, event: ev.Event, extras: AppendExtras, now: datetime
@@ -552,9 +361,6 @@ class ActivityExecutor(BaseExecutor):
 
 #: A cancelled activity run that has not ended this long after the request (blocked in a
 #: host call) is left behind: its execution is finished `cancelled` without it.
-CANCEL_GRACE_SECONDS = 1.0
-#: How long stopping waits for interrupted runs before it leaves the stuck ones behind.
-STOP_GRACE_SECONDS = 2.0
 
 
 class _RunCancel(threading.Event):
@@ -569,112 +375,3 @@ class _RunCancel(threading.Event):
     def requested(self) -> None:
         self.set()
         self._on_request()
-
-
-def _ignore_outcome(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved: a conflict here changes nothing
-
-
-def _ok_type(return_type: Any) -> Any:
-    """The `ok` payload type of a `result<T, E>` return type, when the model exposes it."""
-    return getattr(return_type, "ok", None)
-
-
-def _err_type(return_type: Any) -> Any:
-    """The `err` payload type of a `result<T, E>` return type (None for `result<T>`)."""
-    return getattr(return_type, "err", None)
-
-
-def _log_timers_error(error: Exception) -> None:
-    if is_disk_full(error):
-        report_disk_full(log, error)
-    else:
-        log.error("timers watcher: %s", error)
-
-
-class TimersWatcher:
-    """Expired locks and due delays (SPEC §6.3), every 100 ms at a 500 ms leeway; and,
-    at start and every second, the executors whose process died (`engine.storage.leases`):
-    what they held is released at once instead of when their locks expire."""
-
-    INTERVAL = 0.1
-    LEEWAY = timedelta(milliseconds=500)
-    DEAD_EXECUTORS_INTERVAL = timedelta(seconds=1)
-
-    def __init__(self, storage: Storage, clock: Clock) -> None:
-        self.storage = storage
-        self.clock = clock
-        self._task: asyncio.Task[None] | None = None
-        self._next_dead_check: datetime | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="timers watcher")
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except StorageError as e:
-                _log_timers_error(e)
-            await self.clock.sleep(self.INTERVAL)
-
-    async def tick(self) -> int:
-        """One pass; returns how many timers it handled (tests call it directly)."""
-        now = self.clock.now()
-        released = 0
-        if self._next_dead_check is None or now >= self._next_dead_check:
-            self._next_dead_check = now + self.DEAD_EXECUTORS_INTERVAL
-            released = await self.release_dead_executors(now)
-        locks, delays = await self.storage.expired_timers(now - self.LEEWAY)
-        jobs: list[Awaitable[object]] = []
-        for lock in locks:
-            event = expired_lock_event(lock.summary, now)
-            jobs.append(self.storage.append(lock.execution_id, lock.next_version, [event], now))
-        for delay in delays:
-            jobs.append(
-                self.storage.append_response(
-                    delay.execution_id,
-                    ev.DelayFinished(delay.delay_id, delay.join_set_id, "ok"),
-                    now,
-                )
-            )
-        for result in await asyncio.gather(*jobs, return_exceptions=True):
-            if isinstance(result, Exception) and not isinstance(result, Conflict | NotFound):
-                _log_timers_error(result)
-        return released + len(jobs)
-
-    async def release_dead_executors(self, now: datetime) -> int:
-        """Release what executors of dead processes hold (`on_executor_died`); forget
-        the leases of those that hold nothing any more. Returns how many executions."""
-        dead = await self.storage.dead_executors()
-        if not dead:
-            return 0
-        held = await self.storage.held_by_executors(dead)
-        jobs = []
-        for h in held:
-            event = on_executor_died(h.summary, dead, now)
-            if event is not None:
-                jobs.append(self.storage.append(h.execution_id, h.next_version, [event], now))
-        if not jobs:
-            await self.storage.forget_executors(dead)
-            return 0
-        names = sorted(dead)
-        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        log.warning(  # a process died without stopping: worth an operator's attention
-            "released %d execution(s) held by executors that died without stopping "
-            "(%d executor(s), a process has one per component: %s)",
-            len(jobs),
-            len(names),
-            shown,
-        )
-        for result in await asyncio.gather(*jobs, return_exceptions=True):
-            if isinstance(result, Exception) and not isinstance(result, Conflict | NotFound):
-                _log_timers_error(result)
-        return len(jobs)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task

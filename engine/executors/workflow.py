@@ -20,7 +20,7 @@ from typing import Any
 from engine.components import Registry
 from engine.core import events as ev
 from engine.core.state import on_temporary_failure
-from engine.executors.activity import BaseExecutor, _err_type, _ok_type
+from engine.executors.base import BaseExecutor, err_payload_type, ok_payload_type
 from engine.executors.replay_host import ReplayHost
 from engine.runtimes.workflow_host import RunAborted
 from engine.storage.contract import (
@@ -256,7 +256,7 @@ class WorkflowExecutor(BaseExecutor):
     def _checked(self, ffqn: str, value: Any, *, err: bool) -> ev.ExecutionResult:
         """The returned (`ok`) or thrown (`err`) value, if it has the declared type."""
         return_type = self.component.functions[ffqn].return_type
-        wit_type = (_err_type if err else _ok_type)(return_type)
+        wit_type = (err_payload_type if err else ok_payload_type)(return_type)
         make = ev.ResultErr if err else ev.ResultOk
         if wit_type is None:
             return make(value)

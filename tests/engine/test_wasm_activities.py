@@ -255,7 +255,7 @@ async def test_cancel_of_a_run_blocked_in_a_wasi_sleep_does_not_wait_for_it(
 
 
 async def test_stop_does_not_wait_for_a_run_blocked_in_a_wasi_sleep(tmp_path: Path) -> None:
-    from engine.executors.activity import STOP_GRACE_SECONDS
+    from engine.executors.base import STOP_GRACE_SECONDS
     from engine.storage.sqlite import SqliteStorage
 
     path = await asyncio.to_thread(ensure_built, "activity_py")
