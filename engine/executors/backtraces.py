@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.components import LoadedComponent, Registry
 from engine.core import events as ev
@@ -36,7 +36,31 @@ from engine.executors.upgrade import DryRunHost, check_compatible, running_diges
 from engine.storage.contract import ComponentSource, LockedExecution, Storage
 
 if TYPE_CHECKING:
-    from engine.engine import Engine
+    from concurrent.futures import Executor
+
+    from engine.core.clock import Clock
+    from engine.executors.base import BaseExecutor
+
+
+class EngineParts(Protocol):
+    """What backtraces need of the engine (`engine.engine.Engine` has it): executors do
+    not import the facade above them."""
+
+    @property
+    def registry(self) -> Registry: ...
+    @property
+    def executors(self) -> Sequence[BaseExecutor]: ...
+    @property
+    def storage(self) -> Storage: ...
+    @property
+    def own_storage(self) -> Storage: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def deployment_id(self) -> str: ...
+    @property
+    def workflow_threads(self) -> Executor: ...
+
 
 log = logging.getLogger("obelisk.backtraces")
 
@@ -60,7 +84,7 @@ async def save_component_sources(storage: Storage, registry: Registry) -> None:
     await storage.save_component_sources(component_sources(registry.components))
 
 
-def loaded_source(engine: Engine, digest: str) -> ComponentSource | None:
+def loaded_source(engine: EngineParts, digest: str) -> ComponentSource | None:
     """A source still in memory (deployed now, or an old version running pinned
     executions), for digests the database does not have (yet)."""
     candidates: list[LoadedComponent] = list(engine.registry.components)
@@ -71,12 +95,12 @@ def loaded_source(engine: Engine, digest: str) -> ComponentSource | None:
     return None
 
 
-async def get_component_source(engine: Engine, digest: str) -> ComponentSource | None:
+async def get_component_source(engine: EngineParts, digest: str) -> ComponentSource | None:
     stored = await engine.storage.get_component_source(digest)
     return stored if stored is not None else loaded_source(engine, digest)
 
 
-def source_saver(engine: Engine) -> Callable[[Any], None]:
+def source_saver(engine: EngineParts) -> Callable[[Any], None]:
     """A reload listener that keeps the sources of the newly deployed registry."""
     tasks: set[asyncio.Task[None]] = set()
 
@@ -128,7 +152,7 @@ class PersistedBacktraces:
 
 
 def _current_code(
-    engine: Engine, ffqn: str, events: list[ev.StoredEvent]
+    engine: EngineParts, ffqn: str, events: list[ev.StoredEvent]
 ) -> tuple[LoadedComponent, Registry]:
     """The code that runs the execution now, with the registry it runs in: an old version
     still loaded for pinned executions when the log says it ran on that one, else the
@@ -143,7 +167,7 @@ def _current_code(
     return deployed, engine.registry
 
 
-async def persist_backtraces(engine: Engine, execution_id: str) -> PersistedBacktraces:
+async def persist_backtraces(engine: EngineParts, execution_id: str) -> PersistedBacktraces:
     """Replay the execution (finished or not) against its current code without writing
     history, and store the backtraces of its events, replacing the older ones.
 
