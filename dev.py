@@ -2,7 +2,8 @@
 """Set up and run the project with nothing but Python 3.11+.
 
     python3 dev.py demo     # set up, build the demo components, run the console on the demo
-    python3 dev.py test     # set up, build, then ruff (lint and format) + mypy + the whole test suite
+    python3 dev.py test     # set up, build, then ruff (lint and format) + mypy + the import
+                            # contracts + the whole test suite
     python3 dev.py server   # the demo deployment as a server (REST API, `obelisk` CLI)
 
 Set-up is idempotent: a `.venv` is created and the project installed into it (again
@@ -79,6 +80,7 @@ def test(extra: list[str]) -> int:
     sh(PY, "-m", "ruff", "check", *sources)
     sh(PY, "-m", "ruff", "format", "--check", *sources)
     sh(PY, "-m", "mypy")
+    sh(VENV / "bin" / "lint-imports")  # the layers: [tool.importlinter] in pyproject.toml
     return sh(PY, "-m", "pytest", "-q", *extra, check=False)
 
 

@@ -161,7 +161,7 @@ def check_component(component: LoadedComponent, registry: Registry) -> None:
     a workflow's imports). DeploymentError names the deployment file."""
     functions = {ffqn: info for ffqn, (info, _) in registry.functions.items()}
     try:
-        component.kind.check(component, functions)
+        kind_of(component.config.type).check(component, functions)
     except DeploymentError as e:
         raise DeploymentError(f"{registry.deployment.path}: {e}") from None
 

@@ -25,10 +25,11 @@ from engine.executors.base import BaseExecutor
 from engine.executors.cancellation import CancellationDriver
 from engine.executors.pool import RunPool
 from engine.executors.timers import TimersWatcher
-from engine.executors.workflow import WorkflowExecutor
+from engine.executors.workflow import PinnedWorkflowExecutor, WorkflowExecutor
 from engine.processes import Helpers
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
 from engine.runtimes.api import LoadContext
+from engine.runtimes.kinds import kind_of
 from engine.storage.contract import (
     CreateRequest,
     DirectLock,
@@ -230,11 +231,9 @@ class Engine:
     ) -> BaseExecutor | None:
         """A (not started) executor for `component`; None for components that get none.
         `pinned`: an old workflow version that runs only the executions pinned to it."""
-        if not component.kind.executed or component.runner is None:
+        if not kind_of(component.config.type).executed or component.runner is None:
             return None
         if component.config.is_workflow:
-            from engine.executors.upgrade import PinnedWorkflowExecutor
-
             cls = PinnedWorkflowExecutor if pinned else WorkflowExecutor
             executor = cls(
                 self.own_storage,

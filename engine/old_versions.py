@@ -12,6 +12,7 @@ import logging
 from engine.components import LoadedComponent, Registry, check_component
 from engine.errors import DeploymentError
 from engine.runtimes.api import LoadContext
+from engine.runtimes.kinds import kind_of
 
 log = logging.getLogger("obelisk.reload")
 
@@ -32,7 +33,7 @@ async def rebuild_old_version(
         )
         return None
     config = target[1].config
-    kind = target[1].kind
+    kind = kind_of(config.type)
     try:
         component = await kind.rebuild(config, digest, ctx)
         if component is None:

@@ -2,7 +2,7 @@
 
 One Python process runs its Python code on one CPU at a time (the GIL), so an engine
 uses a second CPU through a second process. With `processes=N`, the engine starts N − 1
-*helper* processes (`python -m engine.processes`), each a full engine — executors,
+*helper* processes (`python -m engine.helper_process`), each a full engine — executors,
 timers watcher, cancellation driver, hot reload — without an API; the starting process
 (the server's, the console's) is the first. Each process is placed on a CPU of its own.
 
@@ -20,13 +20,11 @@ timers watcher, cancellation driver, hot reload — without an API; the starting
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import codecs
 import contextlib
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -40,9 +38,9 @@ START_TIMEOUT = 120.0
 #: How long a stopping helper gets before it is killed.
 STOP_TIMEOUT = 15.0
 #: How a helper process is started (its arguments follow).
-HELPER_COMMAND = [sys.executable, "-m", "engine.processes"]
+HELPER_COMMAND = [sys.executable, "-m", "engine.helper_process"]
 #: The database URL of a helper (PostgreSQL; empty: SQLite in the data dir).
-_DATABASE_ENV = "OBELISK_HELPER_DATABASE_URL"
+DATABASE_ENV = "OBELISK_HELPER_DATABASE_URL"
 
 
 class HelperError(EngineError):
@@ -112,7 +110,7 @@ class Helpers:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,  # its log lines go where this process's go
-            env={**os.environ, _DATABASE_ENV: self.database_url or ""},
+            env={**os.environ, DATABASE_ENV: self.database_url or ""},
         )
         self.procs[index] = proc
         assert proc.stderr is not None
@@ -202,57 +200,3 @@ async def _forward_log_lines(stream: asyncio.StreamReader) -> None:
             with contextlib.suppress(Exception):  # a closed stream: the line is lost
                 target.write(text)
                 target.flush()
-
-
-# -- the helper process --------------------------------------------------------------------
-
-
-async def _helper(deployment: Path, data_dir: Path, shard: int | None) -> int:
-    from engine.engine import Engine
-    from engine.errors import DeploymentError
-    from engine.storage.contract import StorageError
-
-    try:
-        engine = await Engine.start(
-            deployment,
-            data_dir,
-            database_url=os.environ.get(_DATABASE_ENV) or None,
-            shard=shard,
-        )
-    except (DeploymentError, StorageError, OSError) as e:
-        print(f"error: {e}", flush=True)
-        return 1
-    try:
-        print("ready", flush=True)
-        # Until the starting process closes our stdin, or dies.
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
-    finally:
-        await engine.stop()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="an engine helper process (see engine.processes)")
-    p.add_argument("--deployment", type=Path, required=True)
-    p.add_argument("--data-dir", type=Path, required=True)
-    p.add_argument("--cpus", help="the CPUs to run on, comma-separated")
-    p.add_argument("--shard", type=int, help="the SQLite shard to work on (from 1)")
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    if args.cpus:
-        with contextlib.suppress(OSError, AttributeError):
-            os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
-    # The starting process handles Ctrl-C and stops us through stdin.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(
-        level=args.log_level,
-        format=f"%(asctime)s %(levelname)s %(name)s [helper {os.getpid()}]: %(message)s",
-    )
-    from engine.gc_tuning import tune_gc
-
-    tune_gc()
-    return asyncio.run(_helper(args.deployment, args.data_dir, args.shard))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -33,6 +33,7 @@ from engine.core.ids import new_run_id
 from engine.core.records import Frame
 from engine.errors import Conflict
 from engine.executors.upgrade import DryRunHost, check_compatible, running_digest
+from engine.runtimes.kinds import kind_of
 from engine.storage.contract import ComponentSource, LockedExecution, Storage
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ async def persist_backtraces(engine: EngineParts, execution_id: str) -> Persiste
     events = await storage.get_events(execution_id)
     responses = await storage.get_responses(execution_id)
     component, registry = _current_code(engine, summary.ffqn, events)
-    if not component.kind.backtraces or component.runner is None:
+    if not kind_of(component.config.type).backtraces or component.runner is None:
         raise Conflict(
             f"execution {execution_id} ({summary.ffqn}) is not a JS workflow: "
             "only workflow_js executions have backtraces"

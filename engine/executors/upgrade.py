@@ -22,7 +22,7 @@ import logging
 from collections.abc import Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -32,7 +32,6 @@ from engine.core.clock import Clock
 from engine.core.ids import new_run_id
 from engine.errors import InvalidParams
 from engine.executors.replay_host import ReplayHost
-from engine.executors.workflow import WorkflowExecutor
 from engine.runtimes.workflow_host import RunAborted
 from engine.storage.contract import (
     Conflict,
@@ -385,38 +384,8 @@ class Upgrader:
         )
 
 
-class _PinnedLocking:
-    """The storage, except that `lock_pending` only takes executions pinned to one digest."""
-
-    def __init__(self, storage: Storage, digest: str) -> None:
-        self._storage = storage
-        self._digest = digest
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._storage, name)
-
-    async def lock_pending(self, **kwargs: Any) -> list[LockedExecution]:
-        kwargs["pinned_digest"] = self._digest
-        return await self._storage.lock_pending(**kwargs)
-
-
-class PinnedWorkflowExecutor(WorkflowExecutor):
-    """Runs an old version of a workflow component for the executions whose upgrade to
-    the deployed version failed (they are pinned to this digest)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pinned_digest = self.component.component_id.digest
-        self.storage = cast(Storage, _PinnedLocking(self.storage, self.pinned_digest))
-
-    @property
-    def name(self) -> str:
-        return f"{self.component.config.name}@{self.pinned_digest[:15]}"
-
-
 __all__ = [
     "DryRunHost",
-    "PinnedWorkflowExecutor",
     "UpgradeResult",
     "Upgrader",
     "check_compatible",

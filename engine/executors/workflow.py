@@ -15,18 +15,20 @@ import logging
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from engine.components import Registry
 from engine.core import events as ev
 from engine.core.state import on_temporary_failure
 from engine.executors.base import BaseExecutor, err_payload_type, ok_payload_type
 from engine.executors.replay_host import ReplayHost
+from engine.executors.upgrade import check_upgrade, dry_run_host, history_writers
 from engine.runtimes.workflow_host import RunAborted
 from engine.storage.contract import (
     Conflict,
     DirectLock,
     LockedExecution,
+    Storage,
 )
 from engine.wit.codec import WitValueError, validate_json
 
@@ -138,8 +140,6 @@ class WorkflowExecutor(BaseExecutor):
         and the run goes on; incompatible → `…{failed}`, the execution is pinned to the
         version that wrote it and released, and an executor of that version is asked
         for (`on_pinned`)."""
-        from engine.executors.upgrade import check_upgrade, dry_run_host, history_writers
-
         digest = self.component.component_id.digest
         writers = history_writers(locked.events or [])
         writer = writers[-1] if writers else None
@@ -282,3 +282,32 @@ class WorkflowExecutor(BaseExecutor):
             # lock ran out), interrupted, or the lock is gone: a later run fails the
             # same way and carries on from the log.
             log.info("workflow %s: %s not recorded yet: %s", host.execution_id, failure.kind, e)
+
+
+class _PinnedLocking:
+    """The storage, except that `lock_pending` only takes executions pinned to one digest."""
+
+    def __init__(self, storage: Storage, digest: str) -> None:
+        self._storage = storage
+        self._digest = digest
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    async def lock_pending(self, **kwargs: Any) -> list[LockedExecution]:
+        kwargs["pinned_digest"] = self._digest
+        return await self._storage.lock_pending(**kwargs)
+
+
+class PinnedWorkflowExecutor(WorkflowExecutor):
+    """Runs an old version of a workflow component for the executions whose upgrade to
+    the deployed version failed (they are pinned to this digest)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pinned_digest = self.component.component_id.digest
+        self.storage = cast(Storage, _PinnedLocking(self.storage, self.pinned_digest))
+
+    @property
+    def name(self) -> str:
+        return f"{self.component.config.name}@{self.pinned_digest[:15]}"

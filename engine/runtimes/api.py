@@ -182,12 +182,6 @@ class LoadedComponent:
         return sorted(self.functions)
 
     @property
-    def kind(self) -> ComponentKind:
-        from engine.runtimes.kinds import kind_of
-
-        return kind_of(self.config.type)
-
-    @property
     def activity_runner(self) -> ActivityRunner:
         assert self.runner is not None and not self.config.is_workflow, self.config.section
         return cast(ActivityRunner, self.runner)
