@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import watchfiles
 
-from engine.client import UPGRADES_UNCHECKED
 from engine.components import (
     LoadedComponent,
     Registry,
@@ -66,6 +65,7 @@ from engine.deployment import ComponentConfig, Deployment, load_deployment
 from engine.errors import DeploymentError
 from engine.executor import BaseExecutor
 from engine.storage.contract import StorageError
+from engine.views import UPGRADES_UNCHECKED
 from engine.wit.types import format_wit_type
 from engine.workflow.executor import WorkflowExecutor
 from engine.workflow.upgrade import Upgrader, UpgradeResult
