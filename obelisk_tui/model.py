@@ -139,10 +139,13 @@ def refusal(action: str, info: ExecutionInfo) -> str | None:
             cancelling="cancelling" in layers,
             paused="paused" in layers,
             running_activity=state_name(underlying(state)) == "locked" and not is_workflow(info),
+            subject=eid,  # the console names an execution by its id
         )
         return None if paused is None else str(paused)
     if action == "unpause":
-        unpaused = legality.unpause_refusal(eid, finished=False, paused="paused" in layers)
+        unpaused = legality.unpause_refusal(
+            eid, finished=False, paused="paused" in layers, subject=eid
+        )
         return None if unpaused is None else str(unpaused)
     if action == "stub":
         return None

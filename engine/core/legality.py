@@ -62,6 +62,12 @@ def cancel_is_forced(ffqn: str, is_workflow: bool, force: bool) -> bool:
     return force and not is_cancellable(ffqn, is_workflow)
 
 
+def _subject(execution_id: str, subject: str | None) -> str:
+    """How a refusal names the execution: `execution <id>` unless the caller words it
+    (the console names executions by their id alone)."""
+    return f"execution {execution_id}" if subject is None else subject
+
+
 def pause_refusal(
     execution_id: str,
     *,
@@ -69,30 +75,35 @@ def pause_refusal(
     cancelling: bool,
     paused: bool,
     running_activity: bool,
+    subject: str | None = None,
 ) -> Conflict | None:
     """Why `execution_id` may not be paused now (SPEC §4.3), or None when it may.
     `running_activity`: an activity whose run holds it (a locked workflow may be paused:
-    its run is released first). Cancel supersedes pause."""
+    its run is released first). Cancel supersedes pause. `subject`: see `_subject`."""
+    who = _subject(execution_id, subject)
     if finished:
-        return Conflict(f"execution {execution_id} is already finished")
+        return Conflict(f"{who} is already finished")
     if cancelling:
-        return Conflict(f"execution {execution_id} is being cancelled and cannot be paused")
+        return Conflict(f"{who} is being cancelled and cannot be paused")
     if paused:
-        return Conflict(f"execution {execution_id} is already paused")
+        return Conflict(f"{who} is already paused")
     if running_activity:
         return Conflict(
-            f"cannot pause execution {execution_id}: a running activity cannot be paused "
+            f"cannot pause {who}: a running activity cannot be paused "
             "(cancel it instead, or pause it between runs)"
         )
     return None
 
 
-def unpause_refusal(execution_id: str, *, finished: bool, paused: bool) -> Conflict | None:
+def unpause_refusal(
+    execution_id: str, *, finished: bool, paused: bool, subject: str | None = None
+) -> Conflict | None:
     """Why `execution_id` may not be unpaused now, or None when it may."""
+    who = _subject(execution_id, subject)
     if finished:
-        return Conflict(f"execution {execution_id} is already finished")
+        return Conflict(f"{who} is already finished")
     if not paused:
-        return Conflict(f"execution {execution_id} is not paused")
+        return Conflict(f"{who} is not paused")
     return None
 
 
