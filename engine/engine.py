@@ -181,11 +181,9 @@ class Engine:
             raise
         if choice.processes > 1 and run_executors:
             # Once this one has opened (and migrated) the database.
-            await engine._start_helpers(
+            helpers = await engine._start_helpers(
                 choice, Path(deployment_path).resolve(), cpus if split else None
             )
-            helpers = engine.helpers
-            assert helpers is not None
             # New submissions skip a shard whose process is down (being restarted):
             # shard 0 is this process's, shard i helper i - 1's.
             opened.set_available(lambda index: index == 0 or helpers.alive(index - 1))
@@ -202,7 +200,7 @@ class Engine:
 
     async def _start_helpers(
         self, choice: StorageChoice, deployment_path: Path, cpus: list[set[int]] | None
-    ) -> None:
+    ) -> Helpers:
         """The other engine processes (`engine.processes`); this engine is stopped when
         they fail to start."""
         self.helpers = helpers = Helpers(
@@ -219,6 +217,7 @@ class Engine:
             await self.stop()
             choice.undo()
             raise
+        return helpers
 
     @staticmethod
     def private_data_file(data_dir: Path, name: str) -> Path:
