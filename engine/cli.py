@@ -30,25 +30,20 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from engine.affinity import parse_processes
-from engine.client import (
-    DEFAULT_API_URL,
-    ApiClient,
-    ApiError,
+from engine.client import DEFAULT_API_URL, ApiClient, ApiError, ServerUnreachable, api_url_problem
+from engine.views import (
+    STATE_NAMES,
     ComponentInfo,
     EventEntry,
     ExecutionInfo,
     LogEntry,
     ResponseEntry,
-    ServerUnreachable,
-    api_url_problem,
     lock_held,
     upgrades_unchecked,
 )
 
 API_URL_ENV = "OBELISK_API_URL"
 TOKEN_ENV = "OBELISK_API_TOKEN"
-
-STATE_NAMES = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished")
 
 
 class UsageError(Exception):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -18,9 +19,17 @@ from engine.components import LoadedComponent, Registry, load_registry
 from engine.core import events as ev
 from engine.core.clock import Clock, SystemClock
 from engine.core.ids import DelayId, ExecutionId, IdError, new_deployment_id
+from engine.core.state import STATE_NAMES
 from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
 from engine.executors.activity import ActivityExecutor
+from engine.executors.backtraces import (
+    PersistedBacktraces,
+    get_component_source,
+    persist_backtraces,
+    save_component_sources,
+    source_saver,
+)
 from engine.executors.base import BaseExecutor
 from engine.executors.cancellation import CancellationDriver
 from engine.executors.pool import RunPool
@@ -30,21 +39,21 @@ from engine.processes import Helpers
 from engine.reload import ReloadManager, ReloadStatus, ReloadSubscription
 from engine.runtimes.api import LoadContext
 from engine.runtimes.kinds import kind_of
+from engine.runtimes.wasm.activity import WasmEngine
 from engine.storage.contract import (
+    Backtrace,
+    ComponentSource,
     CreateRequest,
     DirectLock,
+    ExecutionRow,
+    ListFilter,
     Storage,
     StorageError,
+    StoredLog,
     VersionConflict,
 )
-from engine.storage.data_files import DamagedDatabase, is_damage, private_dir
-from engine.storage.sharded import (
-    ShardedStorage,
-    existing_shards,
-    open_shards,
-    remove_empty_shards,
-    shard_path,
-)
+from engine.storage.data_files import private_dir, private_file
+from engine.storage.select import OpenedStorage, StorageChoice, choose_storage
 
 log = logging.getLogger("obelisk.engine")
 
@@ -61,9 +70,11 @@ class Engine:
         wasm_engine: Any,
         *,
         own_storage: Storage | None = None,
+        new_id: Callable[[], ExecutionId] = ExecutionId.generate,
     ) -> None:
-        #: Every execution, for the API and the console (`ShardedStorage` when the
-        #: executions are in several SQLite files: `engine.storage.sharded`).
+        #: Every execution, for the API and the console (several SQLite files when the
+        #: data dir is sharded: `engine.storage.sharded`). Front ends use the methods
+        #: below, never the storage itself.
         self.storage = storage
         #: This process's work: what its executors, timers and upgrades see.
         self.own_storage = own_storage or storage
@@ -72,6 +83,8 @@ class Engine:
         self.data_dir = data_dir
         self.wasm_engine = wasm_engine
         self.deployment_id = new_deployment_id()
+        #: A new top-level execution id (`OpenedStorage.new_id`).
+        self._new_id = new_id
         # Activity runs: few threads while runs are short, up to 64 when they block.
         self.threads = RunPool(
             max_workers=64,
@@ -124,97 +137,99 @@ class Engine:
         places this process on its CPU instead). With SQLite each process works on a
         file of its own, a shard (`engine.storage.sharded`): a data dir that has shards
         is always served by as many processes, whatever `processes` says. `shard`: the
-        engine of a helper, on that shard alone.
+        engine of a helper, on that shard alone (`engine.storage.select`).
         Raises DeploymentError / StorageError with a message naming the culprit; nothing
         is started when anything fails.
         """
-        from engine.runtimes.wasm.activity import WasmEngine
-
-        if processes < 1:
-            raise ValueError(f"processes must be at least 1, not {processes}")
         data = Path(data_dir)
-        shards = existing = 1
-        if not database_url and shard is None:
-            existing = existing_shards(data)
-            shards = max(processes, existing)
-            processes = shards
+        choice = choose_storage(data, database_url=database_url, shard=shard, processes=processes)
         deployment = load_deployment(deployment_path)
-        try:  # the compiled cache (and the SQLite database) live there: the owner's only
-            private_dir(data)
-            private_dir(data / "cache")
-        except OSError as e:
-            raise StorageError(f"cannot use the data directory {data}: {e.strerror or e}") from None
+        _make_private_data_dir(data)
         wasm_engine = WasmEngine()
         registry = await load_registry(deployment, wasm_engine, data / "cache")
         # After compiling (its threads keep every CPU), before the storage's writer.
-        cpus = affinity.process_cpus(processes) if processes > 1 else None
+        cpus = affinity.process_cpus(choice.processes) if choice.processes > 1 else None
         if cpus is not None and cpu_affinity == "split":
             split = affinity.configure_one(cpus[0])
         else:
             split = affinity.configure(cpu_affinity)
-        storage: Storage
-        own: Storage
         try:
-            if database_url:
-                from engine.storage.postgres import PostgresStorage
-
-                storage = own = await PostgresStorage.open(database_url)
-            else:
-                storage, own = await open_shards(data, shard, shards)
-            try:
-                # Kept by digest: backtraces show their lines even after the file changed.
-                from engine.executors.backtraces import save_component_sources, source_saver
-
-                await save_component_sources(own, registry)
-            except BaseException:
-                await storage.close()
-                raise
-        except BaseException as e:
+            opened = await _open_storage(choice, registry)
+        except BaseException:
             if split:  # nothing started: the caller's thread gets its CPUs back
                 affinity.configure("off")
-            remove_empty_shards(data, existing, shards)
-            if is_damage(e):
-                raise DamagedDatabase(sqlite_paths(data, shard, shards), e) from None
             raise
-        engine = cls(storage, registry, clock or SystemClock(), data, wasm_engine, own_storage=own)
+        engine = cls(
+            opened.storage,
+            registry,
+            clock or SystemClock(),
+            data,
+            wasm_engine,
+            own_storage=opened.own,
+            new_id=opened.new_id,
+        )
         engine._split_threads = split
         engine.reloader.add_listener(source_saver(engine))  # and after each reload
         engine.run_executors = run_executors
         try:
-            if run_executors:
-                engine._start_executors()
-            if run_watcher:
-                engine.watcher.start()
-                engine.canceller.start()
-            await engine.reloader.start(watch=watch)
+            await engine._start_parts(run_executors, run_watcher, watch)
         except BaseException as e:
             # Stop what did start (executors, watcher, threads, the storage's writer):
             # left running, they keep the process from exiting.
             await engine.stop()
-            remove_empty_shards(data, existing, shards)
-            if is_damage(e) and not database_url:
-                raise DamagedDatabase(sqlite_paths(data, shard, shards), e) from None
+            choice.undo()
+            damaged = choice.damaged(e)
+            if damaged is not None:
+                raise damaged from None
             raise
-        if processes > 1 and run_executors:
+        if choice.processes > 1 and run_executors:
             # Once this one has opened (and migrated) the database.
-            engine.helpers = helpers = Helpers(
-                Path(deployment_path).resolve(),
-                data.resolve(),
-                cpus if split else None,
-                processes - 1,
-                database_url,
-                sharded=shards > 1,
+            helpers = await engine._start_helpers(
+                choice, Path(deployment_path).resolve(), cpus if split else None
             )
-            try:
-                await helpers.start()
-            except BaseException:
-                await engine.stop()
-                remove_empty_shards(data, existing, shards)
-                raise
-            if isinstance(storage, ShardedStorage):
-                # New submissions skip a shard whose process is down (being restarted).
-                storage.available = lambda index: index == 0 or helpers.alive(index - 1)
+            # New submissions skip a shard whose process is down (being restarted):
+            # shard 0 is this process's, shard i helper i - 1's.
+            opened.set_available(lambda index: index == 0 or helpers.alive(index - 1))
         return engine
+
+    async def _start_parts(self, run_executors: bool, run_watcher: bool, watch: bool) -> None:
+        """Executors, the timers watcher, the cancellation driver and the reloader."""
+        if run_executors:
+            self._start_executors()
+        if run_watcher:
+            self.watcher.start()
+            self.canceller.start()
+        await self.reloader.start(watch=watch)
+
+    async def _start_helpers(
+        self, choice: StorageChoice, deployment_path: Path, cpus: list[set[int]] | None
+    ) -> Helpers:
+        """The other engine processes (`engine.processes`); this engine is stopped when
+        they fail to start."""
+        self.helpers = helpers = Helpers(
+            deployment_path,
+            choice.data_dir.resolve(),
+            cpus,
+            choice.processes - 1,
+            choice.database_url,
+            sharded=choice.shards > 1,
+        )
+        try:
+            await helpers.start()
+        except BaseException:
+            await self.stop()
+            choice.undo()
+            raise
+        return helpers
+
+    @staticmethod
+    def private_data_file(data_dir: Path, name: str) -> Path:
+        """`data_dir / name`, made (with the data dir) readable by the owner only, like
+        the engine's own files: a front end's log there may hold executions' data."""
+        private_dir(data_dir)
+        path = data_dir / name
+        private_file(path)
+        return path
 
     @property
     def cache_dir(self) -> Path:
@@ -279,6 +294,80 @@ class Engine:
         if self._split_threads:
             affinity.configure("off")
 
+    # -- reads (the API and the console: `engine.views` renders them) --------------------
+    async def list_executions(self, flt: ListFilter) -> list[ExecutionRow]:
+        """A page of executions: filters, order and paging of `flt`."""
+        return await self.storage.list_executions(flt)
+
+    async def count_executions(self, flt: ListFilter) -> int:
+        """How many executions `flt` selects (its limit, offset and order ignored)."""
+        return await self.storage.count_executions(flt)
+
+    async def counts_by_state(self) -> dict[str, int]:
+        """Executions per state name (overlays as their own states), every state named."""
+        counts = await self.storage.count_by_state()
+        return {name: counts.get(name, 0) for name in STATE_NAMES}
+
+    async def descendants(self, execution_id: str, limit: int = 1000) -> list[ExecutionRow]:
+        """Children, grandchildren, … of an execution, oldest first, with their extras
+        (children count, last event)."""
+        flt = ListFilter(
+            id_prefix=execution_id + ".", order="created_asc", limit=limit, with_extras=True
+        )
+        return await self.storage.list_executions(flt)
+
+    async def wait_changed(self, since: int, timeout: float) -> int:
+        """The commit generation once it differs from `since` (or after `timeout` s)."""
+        return await self.storage.changes().wait_changed(since, timeout)
+
+    async def status(self, execution_id: str) -> ExecutionRow:
+        """State, timestamps, version and result. NotFound for an unknown id."""
+        return await self.storage.get_row(execution_id)
+
+    async def _exists(self, execution_id: str) -> None:
+        """NotFound for an unknown id: reads of a log answer an empty page for one."""
+        await self.storage.get_summary(execution_id)
+
+    async def events(
+        self, execution_id: str, from_version: int = 0, length: int | None = None
+    ) -> list[ev.StoredEvent]:
+        """The log from `from_version` (`length` events, all when None). NotFound for an
+        unknown id, whatever the range."""
+        stored = await self.storage.get_events(execution_id, from_version, length)
+        if not stored:
+            await self._exists(execution_id)
+        return stored
+
+    async def responses(self, execution_id: str, after: int = 0) -> list[ev.StoredResponse]:
+        """Responses (children, delays) with a cursor above `after`. NotFound for an
+        unknown id."""
+        stored = await self.storage.get_responses(execution_id, after)
+        if not stored:
+            await self._exists(execution_id)
+        return stored
+
+    async def logs(self, execution_id: str, after: int = 0, limit: int = 1000) -> list[StoredLog]:
+        """Log lines with an id above `after`. NotFound for an unknown id."""
+        lines = await self.storage.get_logs(execution_id, after, limit)
+        if not lines:
+            await self._exists(execution_id)
+        return lines
+
+    async def backtrace(self, execution_id: str, version: int) -> Backtrace | None:
+        """The backtrace of the host call that wrote that event; None when it has none.
+        NotFound for an unknown id."""
+        return await self.storage.get_backtrace(execution_id, version)
+
+    async def component_source(self, digest: str) -> ComponentSource | None:
+        """The source of a (JS) component version by digest, deployed or saved; None
+        when none is known."""
+        return await get_component_source(self, digest)
+
+    async def persist_backtraces(self, execution_id: str) -> PersistedBacktraces:
+        """Replay a JS workflow execution against its deployed code (writing no history)
+        and store the backtraces of its events."""
+        return await persist_backtraces(self, execution_id)
+
     # -- components ----------------------------------------------------------------------
     @property
     def components(self) -> list[LoadedComponent]:
@@ -333,12 +422,7 @@ class Engine:
         _, component = self.registry.function(ffqn)
         checked = self.registry.validate_params(ffqn, params)
         if execution_id is None:
-            # Sharded: an id whose shard is the next in turn (balanced submissions).
-            eid = (
-                self.storage.generate_id()
-                if isinstance(self.storage, ShardedStorage)
-                else ExecutionId.generate()
-            )
+            eid = self._new_id()  # sharded: balanced over the shards
         else:
             try:
                 eid = ExecutionId.parse(execution_id)
@@ -420,11 +504,34 @@ class Engine:
         return await self.storage.wait_for_finished(execution_id, timeout)
 
 
-def sqlite_paths(data_dir: Path, shard: int | None, shards: int) -> list[Path]:
-    """The SQLite files an engine on `data_dir` opened (`Engine.start`'s arguments)."""
-    if shard is not None:
-        return [shard_path(data_dir, shard)]
-    return [shard_path(data_dir, index) for index in range(shards)]
+def _make_private_data_dir(data: Path) -> None:
+    """The data dir and its compiled cache (and the SQLite database): the owner's only."""
+    try:
+        private_dir(data)
+        private_dir(data / "cache")
+    except OSError as e:
+        raise StorageError(f"cannot use the data directory {data}: {e.strerror or e}") from None
+
+
+async def _open_storage(choice: StorageChoice, registry: Registry) -> OpenedStorage:
+    """Open the chosen storage and save the deployed components' sources in it (kept by
+    digest: backtraces show their lines even after the file changed). Nothing is left
+    open, and no new shard file left behind, when that fails; a damaged SQLite file is
+    named (`DamagedDatabase`)."""
+    try:
+        opened = await choice.open()
+        try:
+            await save_component_sources(opened.own, registry)
+        except BaseException:
+            await opened.storage.close()
+            raise
+    except BaseException as e:
+        choice.undo()
+        damaged = choice.damaged(e)
+        if damaged is not None:
+            raise damaged from None
+        raise
+    return opened
 
 
 __all__ = ["Engine", "NotFound"]

@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import watchfiles
 
-from engine.client import UPGRADES_UNCHECKED
 from engine.components import (
     LoadedComponent,
     Registry,
@@ -67,6 +66,7 @@ from engine.executors.upgrade import Upgrader, UpgradeResult
 from engine.executors.workflow import WorkflowExecutor
 from engine.runtimes.api import LoadContext
 from engine.storage.contract import StorageError
+from engine.views import UPGRADES_UNCHECKED
 
 if TYPE_CHECKING:
     from engine.engine import Engine

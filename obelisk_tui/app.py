@@ -27,8 +27,9 @@ from textual.widget import Widget
 from textual.widgets import LoadingIndicator, Static
 from textual.worker import WorkerFailed
 
-from engine.client import ApiError, ServerUnreachable, upgrades_unchecked
+from engine.client import ApiError, ServerUnreachable
 from engine.gc_tuning import tune_gc
+from engine.views import upgrades_unchecked
 from obelisk_tui.backend import ConsoleBackend
 from obelisk_tui.commands import ExecutionCommands, ScreenCommands
 from obelisk_tui.messages import DataChanged, DeploymentReloaded, Tick

@@ -4,8 +4,8 @@
   console and the engine are one process);
 - `RestBackend` talks to a running `obelisk server` over its REST API (`--attach`).
 
-Both answer with the JSON shapes of the REST API (`engine.client`'s TypedDicts), built by
-the same serialisers (`engine.server.api`), and both raise `ApiError` (HTTP status and the
+Both answer with the JSON shapes of the REST API (`engine.views`' TypedDicts), built by
+the same builders (`engine.views`), and both raise `ApiError` (HTTP status and the
 server's message) for what the engine refuses: the screens cannot tell them apart.
 """
 
@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import aiohttp
 
+from engine.api_types import EngineError, StorageError, error_status
 from engine.client import (
     DEFAULT_API_URL,
     ApiError,
+    ServerUnreachable,
+    connection_error_reason,
+    error_message,
+)
+from engine.views import (
     BacktraceInfo,
     ComponentSourceInfo,
     DeploymentInfo,
@@ -30,12 +36,20 @@ from engine.client import (
     ExecutionInfo,
     LogEntry,
     ResponseEntry,
-    ServerUnreachable,
-    connection_error_reason,
-    error_message,
+    backtrace_info,
+    component_source_info,
+    deployment_info,
+    event_entries,
+    execution_info,
+    log_entries,
+    response_entries,
 )
-from engine.storage.contract import ListFilter
-from obelisk_tui.model import STATE_NAMES, ExecutionQuery
+from obelisk_tui.model import ExecutionQuery
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+T = TypeVar("T")
 
 __all__ = [
     "ApiError",
@@ -121,12 +135,11 @@ class ConsoleBackend(Protocol):
 
 
 class EmbeddedBackend:
-    """The engine in this process. `owns_engine`: `close()` stops it."""
+    """The engine in this process, through its facade (`Engine`'s methods) and the API's
+    views (`engine.views`). `owns_engine`: `close()` stops it."""
 
-    def __init__(self, engine: Any, *, label: str, owns_engine: bool = True) -> None:
-        from engine.engine import Engine
-
-        self.engine: Engine = engine
+    def __init__(self, engine: Engine, *, label: str, owns_engine: bool = True) -> None:
+        self.engine = engine
         self._label = label
         self._owns_engine = owns_engine
 
@@ -138,6 +151,8 @@ class EmbeddedBackend:
     async def start(
         cls, deployment: str | os.PathLike[str], data_dir: str | os.PathLike[str], **kwargs: Any
     ) -> EmbeddedBackend:
+        # Imported here: an attached console (`RestBackend`) never loads the engine's
+        # runtimes (about 130 ms of its start).
         from engine.engine import Engine
 
         engine = await Engine.start(deployment, data_dir, **kwargs)
@@ -147,12 +162,8 @@ class EmbeddedBackend:
         if self._owns_engine:
             await self.engine.stop()
 
-    async def _call(self, coro: Any) -> Any:
+    async def _call(self, coro: Awaitable[T]) -> T:
         """Await an engine call, turning its refusals into `ApiError` like the API does."""
-        from engine.errors import EngineError
-        from engine.server.api import error_status
-        from engine.storage.contract import StorageError
-
         try:
             return await coro
         except (StorageError, EngineError) as e:
@@ -161,71 +172,43 @@ class EmbeddedBackend:
     async def list_executions(
         self, query: ExecutionQuery, offset: int, limit: int
     ) -> list[ExecutionInfo]:
-        from engine.server.api import execution_info
-
-        rows = await self.engine.storage.list_executions(
-            query.to_filter(offset, limit, extras=True)
-        )
+        rows = await self.engine.list_executions(query.to_filter(offset, limit, extras=True))
         return [execution_info(r) for r in rows]
 
     async def count_executions(self, query: ExecutionQuery) -> int:
-        return await self.engine.storage.count_executions(query.to_filter())
+        return await self.engine.count_executions(query.to_filter())
 
     async def counts_by_state(self) -> dict[str, int]:
-        counts = await self.engine.storage.count_by_state()
-        return {name: counts.get(name, 0) for name in STATE_NAMES}
+        return await self.engine.counts_by_state()
 
     async def descendants(self, execution_id: str, limit: int = 1000) -> list[ExecutionInfo]:
-        from engine.server.api import execution_info
-
-        flt = ListFilter(
-            id_prefix=execution_id + ".", order="created_asc", limit=limit, with_extras=True
-        )
-        return [execution_info(r) for r in await self.engine.storage.list_executions(flt)]
+        return [execution_info(r) for r in await self.engine.descendants(execution_id, limit)]
 
     async def wait_changed(self, since: int, timeout: float) -> int:
-        return await self.engine.storage.changes().wait_changed(since, timeout)
+        return await self.engine.wait_changed(since, timeout)
 
     async def status(self, execution_id: str) -> ExecutionInfo:
-        from engine.server.api import execution_info
-
-        return execution_info(await self._call(self.engine.storage.get_row(execution_id)))
+        return execution_info(await self._call(self.engine.status(execution_id)))
 
     async def events(self, execution_id: str, from_version: int = 0) -> list[EventEntry]:
-        from engine.server.api import event_entries
-
-        stored = await self._call(self.engine.storage.get_events(execution_id, from_version))
-        if not stored and from_version == 0:
-            await self._call(self.engine.storage.get_summary(execution_id))  # NotFound
+        stored = await self._call(self.engine.events(execution_id, from_version))
         return event_entries(stored, True)
 
     async def responses(self, execution_id: str, after: int = 0) -> list[ResponseEntry]:
-        from engine.server.api import response_entries
-
-        stored = await self._call(self.engine.storage.get_responses(execution_id, after))
-        return response_entries(stored)
+        return response_entries(await self._call(self.engine.responses(execution_id, after)))
 
     async def logs(self, execution_id: str, after: int = 0) -> list[LogEntry]:
-        from engine.server.api import log_entries
-
-        return log_entries(await self._call(self.engine.storage.get_logs(execution_id, after)))
+        return log_entries(await self._call(self.engine.logs(execution_id, after)))
 
     async def backtrace(self, execution_id: str, version: int) -> BacktraceInfo | None:
-        from engine.server.api import backtrace_info
-
-        bt = await self._call(self.engine.storage.get_backtrace(execution_id, version))
+        bt = await self._call(self.engine.backtrace(execution_id, version))
         return None if bt is None else backtrace_info(execution_id, version, bt)
 
     async def component_source(self, digest: str) -> ComponentSourceInfo | None:
-        from engine.executors.backtraces import get_component_source
-        from engine.server.api import component_source_info
-
-        source = await get_component_source(self.engine, digest)
+        source = await self.engine.component_source(digest)
         return None if source is None else component_source_info(source)
 
     async def deployment(self) -> DeploymentInfo:
-        from engine.server.api import deployment_info
-
         return await deployment_info(self.engine)
 
     async def wait_reload(self, after_generation: int, timeout: float) -> DeploymentInfo:
@@ -233,7 +216,7 @@ class EmbeddedBackend:
         return await self.deployment()
 
     async def submit(self, ffqn: str, params: list[Any]) -> str:
-        return cast(str, await self._call(self.engine.submit(ffqn, params)))
+        return await self._call(self.engine.submit(ffqn, params))
 
     async def pause(self, execution_id: str) -> None:
         await self._call(self.engine.pause(execution_id))

@@ -97,11 +97,9 @@ def parser() -> argparse.ArgumentParser:
 
 def _log_to_file(data_dir: Path) -> Path:
     """Engine logs go to a file: the terminal belongs to the console."""
-    from engine.storage.data_files import private_dir, private_file
+    from engine.engine import Engine  # (the embedded console's engine is loaded anyway)
 
-    private_dir(data_dir)  # like the engine's files: they may hold the executions' data
-    path = data_dir / "console.log"
-    private_file(path)
+    path = Engine.private_data_file(data_dir, "console.log")
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from engine.client import DeploymentInfo
+from engine.views import DeploymentInfo
 
 
 class DataChanged(Message):

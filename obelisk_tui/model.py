@@ -8,7 +8,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from engine.client import (
+from engine.api_types import LIST_ORDERS, ListFilter, ListOrder
+from engine.core import legality
+from engine.views import (
+    STATE_NAMES,
     DeploymentInfo,
     EventEntry,
     ExecutionInfo,
@@ -16,14 +19,10 @@ from engine.client import (
     ParamInfo,
     ResponseEntry,
 )
-from engine.storage.common import cancel_refusal, is_cancellable
-from engine.storage.contract import LIST_ORDERS, ListFilter, ListOrder
 
 # ---------------------------------------------------------------------------------------
 # States
 # ---------------------------------------------------------------------------------------
-
-STATE_NAMES = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished")
 
 #: Display name of each state (the seeds' names).
 STATE_TITLES: dict[str, str] = {
@@ -123,7 +122,8 @@ def is_workflow(info: ExecutionInfo) -> bool:
 
 def refusal(action: str, info: ExecutionInfo) -> str | None:
     """Why `action` (pause, unpause, cancel, force_cancel, stub) does not apply to the
-    execution, or None. Cancellation asks the storage's own rule (`cancel_refusal`)."""
+    execution, or None. Pause, unpause and cancel ask the engine's own rules
+    (`engine.core.legality`): the console words them as the API does."""
     state = info["state"]
     name = state_name(state)
     eid = info["execution_id"]
@@ -133,23 +133,28 @@ def refusal(action: str, info: ExecutionInfo) -> str | None:
         return f"{eid} is finished"
     layers = overlays(state)
     if action == "pause":
-        if "cancelling" in layers:
-            return f"{eid} is being cancelled"
-        if "paused" in layers:
-            return f"{eid} is already paused"
-        if state_name(underlying(state)) == "locked" and not is_workflow(info):
-            return f"cannot pause {eid}: a running activity cannot be paused (cancel it instead)"
-        return None
+        paused = legality.pause_refusal(
+            eid,
+            finished=False,  # answered above
+            cancelling="cancelling" in layers,
+            paused="paused" in layers,
+            running_activity=state_name(underlying(state)) == "locked" and not is_workflow(info),
+            subject=eid,  # the console names an execution by its id
+        )
+        return None if paused is None else str(paused)
     if action == "unpause":
-        return None if "paused" in layers else f"{eid} is not paused"
+        unpaused = legality.unpause_refusal(
+            eid, finished=False, paused="paused" in layers, subject=eid
+        )
+        return None if unpaused is None else str(unpaused)
     if action == "stub":
         return None
     if action in ("cancel", "force_cancel"):
         force = action == "force_cancel"
-        if force and is_cancellable(info["ffqn"], is_workflow(info)):
+        if force and legality.is_cancellable(info["ffqn"], is_workflow(info)):
             # Forcing it would be a plain cancel: `c` says so without the warning.
             return f"{eid} is cancellable: cancel it without force"
-        refused = cancel_refusal(
+        refused = legality.cancel_refusal(
             eid,
             info["ffqn"],
             is_workflow=is_workflow(info),

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from engine.client import EventEntry, ResponseEntry
 from engine.core import events as ev
 from engine.core.state import (
     BlockedByJoinSet,
@@ -28,6 +27,7 @@ from engine.core.state import (
     created_summary,
     interleave_stored,
 )
+from engine.views import EventEntry, ResponseEntry
 from obelisk_tui.diagram import edge_of
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Container, Iterable
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 
@@ -68,6 +68,8 @@ PendingState = PendingAt | Locked | BlockedByJoinSet | Paused | Cancelling | Fin
 StateName = Literal[
     "pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished"
 ]
+#: Every state name, in the order lists and counts show them.
+STATE_NAMES: tuple[StateName, ...] = get_args(StateName)
 
 
 def state_name(state: PendingState) -> StateName:

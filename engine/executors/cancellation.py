@@ -47,8 +47,8 @@ from datetime import datetime
 
 from engine.core import events as ev
 from engine.core.clock import Clock
+from engine.core.legality import is_cancellable
 from engine.core.state import ExecutionSummary, Locked
-from engine.storage.common import is_cancellable
 from engine.storage.contract import Conflict, NotCancellable, NotFound, Storage, StorageError
 
 log = logging.getLogger("obelisk.cancellation")

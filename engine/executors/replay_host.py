@@ -30,6 +30,7 @@ from engine.components import Registry
 from engine.core import events as ev
 from engine.core.clock import Clock
 from engine.core.ids import ExecutionId, JoinSetId
+from engine.core.legality import is_cancellable
 from engine.core.records import Frame
 from engine.core.state import BlockedByJoinSet
 from engine.errors import InvalidParams, UnknownFunction
@@ -834,9 +835,7 @@ class ReplayHost:
 
     def _cancel_member(self, member: str, js: _JoinSet) -> None:
         ffqn = js.member_ffqn.get(member)
-        if ffqn is not None and not (
-            ffqn.rsplit(".", 1)[-1].endswith("-cancellable") or not self._is_workflow(ffqn)
-        ):
+        if ffqn is not None and not is_cancellable(ffqn, self._is_workflow(ffqn)):
             return  # a child workflow that is not cancellable: awaited
         # The request must be in the log before its cancellation (and `now` read after
         # that write: a response is never older than the request it answers).

@@ -11,28 +11,25 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
 
-from engine.client import (
-    BacktraceInfo,
-    ComponentInfo,
-    ComponentSourceInfo,
-    DeploymentInfo,
-    EventEntry,
-    ExecutionInfo,
-    FunctionExport,
-    LogEntry,
-    PersistBacktracesAnswer,
-    ResponseEntry,
+from engine.api_types import (
+    LIST_ORDERS,
+    REFUSALS,
+    RETRY_AFTER_FULL,
+    DeploymentError,
+    ListFilter,
+    StorageError,
+    StorageFull,
+    error_status,
+    report_disk_full,
 )
 from engine.core import events as ev
 from engine.core.ids import DELAY_ID_PATTERN
-from engine.core.state import StateName
-from engine.errors import DeploymentError, InvalidParams, UnknownFunction
 from engine.server.validation import (
     BACKTRACE_VERSION,
     CHANGES_SINCE,
@@ -52,20 +49,18 @@ from engine.server.validation import (
     execution_id,
     json_body,
 )
-from engine.storage.contract import (
-    LIST_ORDERS,
-    Backtrace,
-    ComponentSource,
-    Conflict,
-    ExecutionRow,
-    ListFilter,
-    NotCancellable,
-    NotFound,
-    StorageError,
-    StorageFull,
-    StoredLog,
+from engine.views import (
+    STATE_NAMES,
+    backtrace_info,
+    component_infos,
+    component_source_info,
+    deployment_info,
+    event_entries,
+    execution_info,
+    log_entries,
+    persist_backtraces_answer,
+    response_entries,
 )
-from engine.storage.disk_full import LOG_INTERVAL, report_disk_full
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -75,14 +70,6 @@ log = logging.getLogger("obelisk.api")
 ENGINE_KEY: web.AppKey[Engine] = web.AppKey("engine")
 TOKEN_KEY: web.AppKey[str | None] = web.AppKey("token")
 
-STATE_NAMES: tuple[StateName, ...] = (
-    "pending_at",
-    "locked",
-    "blocked_by_join_set",
-    "paused",
-    "cancelling",
-    "finished",
-)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -140,23 +127,6 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return _json({"error": message}, status, headers)
 
 
-#: Engine and storage errors → HTTP status. Order matters: subclasses first.
-_STATUS_OF: tuple[tuple[type[Exception], int], ...] = (
-    (NotFound, 404),
-    (UnknownFunction, 404),
-    (InvalidParams, 400),
-    (NotCancellable, 422),
-    (Conflict, 409),
-    (StorageFull, 503),
-)
-_MAPPED = (NotFound, UnknownFunction, InvalidParams, NotCancellable, Conflict)
-
-
-def error_status(error: Exception) -> int:
-    """The HTTP status of an engine or storage error (500 for anything not a refusal)."""
-    return next((code for cls, code in _STATUS_OF if isinstance(error, cls)), 500)
-
-
 @web.middleware
 async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -178,11 +148,11 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
             message = e.reason
         headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
         return _error(e.status, message, headers or None)
-    except _MAPPED as e:
+    except REFUSALS as e:
         return _error(error_status(e), str(e))
     except StorageFull as e:  # not the request's fault: try again once space is freed
         report_disk_full(log, e)
-        return _error(503, str(e), {"Retry-After": f"{LOG_INTERVAL:g}"})
+        return _error(503, str(e), {"Retry-After": f"{RETRY_AFTER_FULL:g}"})
     except (StorageError, DeploymentError) as e:
         log.error("%s %s failed: %s", request.method, request.path, e)
         return _error(500, str(e))
@@ -213,105 +183,6 @@ async def _auth_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 def _execution_id(request: web.Request) -> str:
     return execution_id(request.match_info["execution_id"])
-
-
-# ---------------------------------------------------------------------------------------
-# Answer shapes
-# ---------------------------------------------------------------------------------------
-
-
-def _ts(value: Any) -> str:
-    return str(msgspec.to_builtins(value))
-
-
-def _opt_ts(value: Any) -> str | None:
-    return None if value is None else _ts(value)
-
-
-def execution_info(row: ExecutionRow) -> ExecutionInfo:
-    info: ExecutionInfo = {
-        "execution_id": row.execution_id,
-        "ffqn": row.ffqn,
-        "component_type": row.component_type,
-        "state": ev.to_builtins(row.state),
-        "created_at": _ts(row.created_at),
-        "updated_at": _ts(row.updated_at),
-        "next_version": row.next_version,
-        "parent_id": row.parent_id,
-        "scheduled_at": _opt_ts(row.scheduled_at),
-        "lock_expires_at": _opt_ts(row.lock_expires_at),
-        "temporary_event_count": row.temporary_event_count,
-        "result": None if row.result is None else ev.result_to_json(row.result),
-    }
-    if row.children is not None:
-        info["children"] = row.children
-        info["last_event"] = row.last_event
-    return info
-
-
-def event_entries(stored: Sequence[ev.StoredEvent], with_backtrace: bool) -> list[EventEntry]:
-    out: list[EventEntry] = []
-    for e in stored:
-        entry: EventEntry = {
-            "version": e.version,
-            "created_at": _ts(e.created_at),
-            "event": ev.to_builtins(e.event),
-        }
-        if with_backtrace:
-            entry["backtrace_id"] = e.backtrace_id
-        out.append(entry)
-    return out
-
-
-def response_entries(stored: Sequence[ev.StoredResponse]) -> list[ResponseEntry]:
-    return [
-        {
-            "cursor": r.cursor,
-            "created_at": _ts(r.created_at),
-            "response": ev.to_builtins(r.response),
-        }
-        for r in stored
-    ]
-
-
-def log_entries(lines: Sequence[StoredLog]) -> list[LogEntry]:
-    return [
-        {
-            "id": line.id,
-            "run_id": line.run_id,
-            "created_at": _ts(line.created_at),
-            "level": line.level,
-            "stream": line.stream,
-            "message": line.message,
-        }
-        for line in lines
-    ]
-
-
-def backtrace_info(execution_id: str, version: int, bt: Backtrace) -> BacktraceInfo:
-    return {
-        "execution_id": execution_id,
-        "version": version,
-        "backtrace_id": bt.backtrace_id,
-        "component_digest": bt.component_digest,
-        "frames": [
-            {"file": f.file, "line": f.line, "column": f.column, "function": f.function}
-            for f in bt.frames
-        ],
-    }
-
-
-def component_source_info(source: ComponentSource) -> ComponentSourceInfo:
-    return {"digest": source.digest, "file": source.file, "source": source.source}
-
-
-async def deployment_info(engine: Engine) -> DeploymentInfo:
-    status = await engine.reload_status_now()
-    return {
-        "deployment_id": engine.deployment_id,
-        "components": component_infos(engine),
-        "reload": status.to_json(),
-    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -355,19 +226,18 @@ def _list_filter(request: web.Request) -> ListFilter:
 
 async def _list_executions(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    rows = await engine.storage.list_executions(_list_filter(request))
+    rows = await engine.list_executions(_list_filter(request))
     return _json([execution_info(r) for r in rows])
 
 
 async def _count_executions(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    return _json({"count": await engine.storage.count_executions(_list_filter(request))})
+    return _json({"count": await engine.count_executions(_list_filter(request))})
 
 
 async def _stats(request: web.Request) -> web.Response:
     """Executions per state (with overlays as their own states), for dashboards."""
-    counts = await request.app[ENGINE_KEY].storage.count_by_state()
-    return _json({"by_state": {name: counts.get(name, 0) for name in STATE_NAMES}})
+    return _json({"by_state": await request.app[ENGINE_KEY].counts_by_state()})
 
 
 async def _changes(request: web.Request) -> web.Response:
@@ -376,8 +246,7 @@ async def _changes(request: web.Request) -> web.Response:
     since = CHANGES_SINCE.parse(request)
     timeout = WAIT_TIMEOUT.parse(request)
     assert since is not None and timeout is not None
-    feed = request.app[ENGINE_KEY].storage.changes()
-    generation = await feed.wait_changed(since, timeout)
+    generation = await request.app[ENGINE_KEY].wait_changed(since, timeout)
     return _json({"generation": generation})
 
 
@@ -417,7 +286,7 @@ async def _result(request: web.Request) -> web.Response:
         except TimeoutError:
             raise ApiProblem(425, f"execution {eid} did not finish within {timeout:g} s") from None
         return _json(ev.result_to_json(result))
-    row = await engine.storage.get_row(eid)
+    row = await engine.status(eid)
     if row.result is None:
         state = row.state.__struct_config__.tag
         raise ApiProblem(425, f"execution {eid} is not finished yet (state: {state})")
@@ -426,8 +295,7 @@ async def _result(request: web.Request) -> web.Response:
 
 async def _status(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    row = await engine.storage.get_row(_execution_id(request))
-    return _json(execution_info(row))
+    return _json(execution_info(await engine.status(_execution_id(request))))
 
 
 async def _events(request: web.Request) -> web.Response:
@@ -437,8 +305,7 @@ async def _events(request: web.Request) -> web.Response:
     length = EVENTS_LENGTH.parse(request)
     with_backtrace = bool_query(request, "include_backtrace_id")
     assert version is not None
-    await engine.storage.get_summary(eid)  # 404 for an unknown id, whatever the range
-    stored = await engine.storage.get_events(eid, version, length)
+    stored = await engine.events(eid, version, length)  # 404 for an unknown id
     return _json(event_entries(stored, with_backtrace))
 
 
@@ -447,8 +314,7 @@ async def _responses(request: web.Request) -> web.Response:
     eid = _execution_id(request)
     after = RESPONSES_AFTER.parse(request)
     assert after is not None
-    await engine.storage.get_summary(eid)
-    return _json(response_entries(await engine.storage.get_responses(eid, after)))
+    return _json(response_entries(await engine.responses(eid, after)))
 
 
 async def _logs(request: web.Request) -> web.Response:
@@ -457,59 +323,49 @@ async def _logs(request: web.Request) -> web.Response:
     after = LOGS_AFTER.parse(request)
     limit = LOGS_LIMIT.parse(request)
     assert after is not None and limit is not None
-    await engine.storage.get_summary(eid)
-    return _json(log_entries(await engine.storage.get_logs(eid, after, limit)))
+    return _json(log_entries(await engine.logs(eid, after, limit)))
 
 
 async def _backtrace(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
     version = BACKTRACE_VERSION.parse_required(request)
-    bt = await engine.storage.get_backtrace(eid, version)  # 404 for an unknown id
+    bt = await engine.backtrace(eid, version)  # 404 for an unknown id
     if bt is None:
         raise ApiProblem(404, f"execution {eid} has no backtrace for version {version}")
     return _json(backtrace_info(eid, version, bt))
 
 
 async def _persist_backtraces(request: web.Request) -> web.Response:
-    from engine.executors.backtraces import persist_backtraces
-
-    engine = request.app[ENGINE_KEY]
-    done = await persist_backtraces(engine, _execution_id(request))
-    answer: PersistBacktracesAnswer = {
-        "execution_id": done.execution_id,
-        "component_digest": done.component_digest,
-        "history_events": done.history_events,
-        "stored": done.stored,
-    }
-    return _json(answer)
+    done = await request.app[ENGINE_KEY].persist_backtraces(_execution_id(request))
+    return _json(persist_backtraces_answer(done))
 
 
 async def _pause(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
     await engine.pause(eid)
-    return _json(execution_info(await engine.storage.get_row(eid)))
+    return _json(execution_info(await engine.status(eid)))
 
 
 async def _unpause(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
     await engine.unpause(eid)
-    return _json(execution_info(await engine.storage.get_row(eid)))
+    return _json(execution_info(await engine.status(eid)))
 
 
 async def _cancel(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     eid = _execution_id(request)
     await engine.cancel(eid, force=bool_query(request, "force"))
-    return _json(execution_info(await engine.storage.get_row(eid)))
+    return _json(execution_info(await engine.status(eid)))
 
 
 async def _cancel_delay(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     owner = await engine.cancel_delay(request.match_info["delay_id"])
-    return _json(execution_info(await engine.storage.get_row(owner)))
+    return _json(execution_info(await engine.status(owner)))
 
 
 async def _stub(request: web.Request) -> web.Response:
@@ -519,35 +375,11 @@ async def _stub(request: web.Request) -> web.Response:
     if not (isinstance(body, dict) and len(body) == 1 and next(iter(body)) in ("ok", "err")):
         raise ApiProblem(400, 'request body must be {"ok": value} or {"err": value}')
     await engine.stub(eid, body)
-    return _json(execution_info(await engine.storage.get_row(eid)))
-
-
-def component_infos(engine: Engine) -> list[ComponentInfo]:
-    out: list[ComponentInfo] = []
-    for component in engine.registry.components:
-        config = component.config
-        exports: list[FunctionExport] = [
-            {
-                "ffqn": info.ffqn,
-                "params": [{"name": p.name, "type": p.type_text} for p in info.params],
-                "return_type": info.return_type_text,
-            }
-            for info in (component.functions[f] for f in component.ffqns)
-        ]
-        out.append(
-            {
-                "name": config.name,
-                "type": config.type,
-                "digest": component.component_id.digest,
-                "location": None if config.location is None else str(config.location),
-                "exports": exports,
-            }
-        )
-    return out
+    return _json(execution_info(await engine.status(eid)))
 
 
 async def _components(request: web.Request) -> web.Response:
-    return _json(component_infos(request.app[ENGINE_KEY]))
+    return _json(component_infos(request.app[ENGINE_KEY].components))
 
 
 async def _deployment(request: web.Request) -> web.Response:
@@ -562,10 +394,8 @@ async def _deployment(request: web.Request) -> web.Response:
 
 
 async def _component_source(request: web.Request) -> web.Response:
-    from engine.executors.backtraces import get_component_source
-
     digest = request.match_info["digest"]
-    source = await get_component_source(request.app[ENGINE_KEY], digest)
+    source = await request.app[ENGINE_KEY].component_source(digest)
     if source is None:
         raise ApiProblem(404, f"no source is known for component {digest}")
     return _json(component_source_info(source))
@@ -1216,15 +1046,6 @@ def openapi_document(*, auth: bool = True) -> dict[str, Any]:
 
 __all__ = [
     "ApiProblem",
-    "backtrace_info",
-    "component_infos",
-    "component_source_info",
-    "deployment_info",
-    "error_status",
-    "event_entries",
-    "execution_info",
-    "log_entries",
     "make_app",
     "openapi_document",
-    "response_entries",
 ]

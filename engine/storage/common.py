@@ -1,5 +1,6 @@
 """What the SQLite and PostgreSQL backends share: time encoding, projections, the
-decisions of pause/unpause/cancel, backtrace preparation, post-commit notes.
+events of pause/unpause/cancel (decided by `engine.core.legality`), backtrace
+preparation, post-commit notes.
 
 Only pure code lives here (no SQL): each backend runs its own statements around these.
 The state machine itself is `engine.core.state`.
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from engine.core import events as ev
+from engine.core import legality
 from engine.core.records import Frame
 from engine.core.state import (
     BlockedByJoinSet,
@@ -28,12 +30,10 @@ from engine.core.state import (
     state_name,
 )
 from engine.storage.contract import (
-    Conflict,
     CreateRequest,
     DirectLock,
     ExecutionRow,
     LockedExecution,
-    NotCancellable,
 )
 
 if TYPE_CHECKING:
@@ -74,45 +74,6 @@ def not_before(now: datetime, updated_at: int) -> datetime:
     execution never gets a timestamp before the previous one, so that this order is the
     commit order."""
     return now if updated_at <= us(now) else dt(updated_at + 1)
-
-
-def function_name(ffqn: str) -> str:
-    return ffqn.rsplit(".", 1)[-1]
-
-
-def is_cancellable(ffqn: str, is_workflow: bool) -> bool:
-    """SPEC §8: activities, and workflows whose function name ends in `-cancellable`
-    (others only by force: `cancel_refusal`)."""
-    return not is_workflow or function_name(ffqn).endswith("-cancellable")
-
-
-def cancel_refusal(
-    execution_id: str,
-    ffqn: str,
-    *,
-    is_workflow: bool,
-    finished: bool,
-    cancelling: bool,
-    force: bool = False,
-) -> NotCancellable | Conflict | None:
-    """Why `execution_id` may not be cancelled now (SPEC §8), or None when it may: the
-    one rule of the storage backends (which raise the error), the API and CLI (through
-    them) and the console (which shows its message before asking).
-
-    `force` lifts only the `-cancellable` rule: an operator's way to end a workflow that
-    can never finish (an endless loop retried forever). A finished execution or a second
-    request is a conflict, forced or not."""
-    if not force and not is_cancellable(ffqn, is_workflow):
-        return NotCancellable(
-            f"execution {execution_id} ({ffqn}) is not cancellable: only activities and "
-            "workflows whose function name ends in -cancellable can be cancelled (a forced "
-            "cancel ends it anyway)"
-        )
-    if finished:
-        return Conflict(f"execution {execution_id} is already finished")
-    if cancelling:
-        return Conflict(f"cancellation of execution {execution_id} was already requested")
-    return None
 
 
 @dataclass(slots=True)
@@ -338,20 +299,20 @@ def execution_row(
 def pause_events(
     s: ExecutionSummary, execution_id: str, now: datetime, notes: Notes
 ) -> list[ev.Event]:
-    """The events that pause `s`, or Conflict. A locked workflow is released first."""
-    if s.is_finished:
-        raise Conflict(f"execution {execution_id} is already finished")
-    if s.cancelling:
-        raise Conflict(f"execution {execution_id} is being cancelled and cannot be paused")
-    if s.paused:
-        raise Conflict(f"execution {execution_id} is already paused")
+    """The events that pause `s`, or Conflict (`legality.pause_refusal`). A locked
+    workflow is released first."""
+    locked = isinstance(s.underlying, Locked)
+    refused = legality.pause_refusal(
+        execution_id,
+        finished=s.is_finished,
+        cancelling=s.cancelling,
+        paused=s.paused,
+        running_activity=locked and not s.is_workflow,
+    )
+    if refused is not None:
+        raise refused
     events: list[ev.Event] = [ev.Paused()]
-    if isinstance(s.underlying, Locked):
-        if not s.is_workflow:
-            raise Conflict(
-                f"execution {execution_id} is a running activity and cannot be paused: "
-                "cancel it instead, or pause it between runs"
-            )
+    if locked:
         # A locked workflow's run is released first (SPEC §4.3).
         events.insert(0, ev.Unlocked(now, "paused"))
         notes.cancelled.add(execution_id)  # tells a warm run to stop
@@ -359,17 +320,17 @@ def pause_events(
 
 
 def check_unpause(s: ExecutionSummary, execution_id: str) -> None:
-    if s.is_finished:
-        raise Conflict(f"execution {execution_id} is already finished")
-    if not s.paused:
-        raise Conflict(f"execution {execution_id} is not paused")
+    """Raise Conflict unless `s` may be unpaused (`legality.unpause_refusal`)."""
+    refused = legality.unpause_refusal(execution_id, finished=s.is_finished, paused=s.paused)
+    if refused is not None:
+        raise refused
 
 
 def cancel_events(s: ExecutionSummary, execution_id: str, force: bool = False) -> list[ev.Event]:
-    """The events that request the cancellation of `s` (SPEC §8), or an error. A forced
-    request is recorded as such only where the force was needed: forcing what is
-    cancellable anyway is a plain cancel."""
-    refused = cancel_refusal(
+    """The events that request the cancellation of `s` (SPEC §8), or the error of
+    `legality.cancel_refusal`. A forced request is recorded as such only where the force
+    was needed (`legality.cancel_is_forced`)."""
+    refused = legality.cancel_refusal(
         execution_id,
         s.ffqn,
         is_workflow=s.is_workflow,
@@ -379,7 +340,7 @@ def cancel_events(s: ExecutionSummary, execution_id: str, force: bool = False) -
     )
     if refused is not None:
         raise refused
-    forced = force and not is_cancellable(s.ffqn, s.is_workflow)
+    forced = legality.cancel_is_forced(s.ffqn, s.is_workflow, force)
     events: list[ev.Event] = [ev.CancellationRequested(forced=forced)]
     if not s.is_workflow and not isinstance(s.underlying, Locked):
         # Nothing runs: the activity is finished right away.

@@ -12,34 +12,17 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from engine.core import events as ev
+
+# The storage contract's errors (defined in core, where the legality rules build them).
+from engine.core.errors import Conflict as Conflict
+from engine.core.errors import NotCancellable as NotCancellable
+from engine.core.errors import NotFound as NotFound
+from engine.core.errors import StorageError as StorageError
+from engine.core.errors import StorageFull as StorageFull
+from engine.core.errors import VersionConflict as VersionConflict
 from engine.core.records import Frame, LogLine
 from engine.core.state import ExecutionSummary, PendingState
 from engine.storage.notify import ResponseInbox
-
-
-class StorageError(Exception):
-    """Base of every error a storage operation raises on purpose."""
-
-
-class NotFound(StorageError):
-    """Unknown execution (or delay) id. The message names it."""
-
-
-class Conflict(StorageError):
-    """The request contradicts the stored state (SPEC §11: 409)."""
-
-
-class VersionConflict(Conflict):
-    """An append named a version other than the next one (optimistic concurrency)."""
-
-
-class NotCancellable(StorageError):
-    """Cancellation of something that is neither an activity nor a `-cancellable` workflow."""
-
-
-class StorageFull(StorageError):
-    """The database's disk (or its size limit) is full: nothing of the write was made,
-    later writes fail the same way until space is freed (SPEC §11 maps it to 503)."""
 
 
 class DirectLock(Protocol):

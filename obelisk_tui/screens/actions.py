@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.client import ApiError, ExecutionInfo
+from engine.client import ApiError
+from engine.views import ExecutionInfo
 from obelisk_tui import model
 
 if TYPE_CHECKING:

@@ -14,7 +14,8 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Header, Static
 
-from engine.client import ApiError, ComponentInfo, DeploymentInfo, upgrades_unchecked
+from engine.client import ApiError
+from engine.views import ComponentInfo, DeploymentInfo, upgrades_unchecked
 from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, DeploymentReloaded
 from obelisk_tui.screens.base import ObeliskScreenMixin

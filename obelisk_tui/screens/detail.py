@@ -12,8 +12,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Header, Static, TabbedContent, TabPane, Tree
 
-from engine.client import (
-    ApiError,
+from engine.client import ApiError
+from engine.views import (
     BacktraceInfo,
     ComponentSourceInfo,
     EventEntry,

@@ -13,7 +13,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static, TextArea
 
-from engine.client import ApiError, ExecutionInfo
+from engine.client import ApiError
+from engine.views import ExecutionInfo
 from obelisk_tui import model
 from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.widgets.key_footer import KeyFooter

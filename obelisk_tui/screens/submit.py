@@ -14,7 +14,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
-from engine.client import ApiError, FunctionExport
+from engine.client import ApiError
+from engine.views import FunctionExport
 from obelisk_tui import model
 from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.widgets.key_footer import KeyFooter

@@ -7,7 +7,7 @@ from textual.binding import Binding
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from engine.client import EventEntry, ExecutionInfo, ResponseEntry
+from engine.views import EventEntry, ExecutionInfo, ResponseEntry
 from obelisk_tui import model
 
 

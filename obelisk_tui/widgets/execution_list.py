@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
 
-from engine.client import ExecutionInfo, lock_held
+from engine.views import ExecutionInfo, lock_held
 from obelisk_tui import model
 from obelisk_tui.widgets.row_list import RowList
 

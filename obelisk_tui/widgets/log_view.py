@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from engine.client import LogEntry
+from engine.views import LogEntry
 from obelisk_tui import model
 from obelisk_tui.widgets.row_list import RowList
 

@@ -7,7 +7,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.client import BacktraceInfo, ComponentSourceInfo
+from engine.views import BacktraceInfo, ComponentSourceInfo
 
 #: Lines shown around the highlighted one.
 CONTEXT = 4

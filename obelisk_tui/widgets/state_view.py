@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.client import EventEntry, ExecutionInfo
+from engine.views import EventEntry, ExecutionInfo
 from obelisk_tui import diagram, model
 from obelisk_tui.timeline import Step
 

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from engine.core import events as ev
+from engine.core.legality import cancel_refusal
 from engine.core.state import Cancelling, Finished, PendingAt, replay_stored
-from engine.storage.common import cancel_refusal
 from engine.storage.contract import Conflict, NotCancellable, Storage
 
 from .conftest import CANCELLABLE_WORKFLOW_FFQN, WORKFLOW_FFQN, at
