@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.api_types import LIST_ORDERS, ListFilter, ListOrder
 from engine.core import legality
+from engine.core.events import accepts_stub, is_workflow_type
 from engine.views import (
     STATE_NAMES,
     DeploymentInfo,
@@ -117,7 +118,7 @@ def state_label(info: ExecutionInfo) -> tuple[str, str]:
 
 
 def is_workflow(info: ExecutionInfo) -> bool:
-    return info["component_type"].startswith("workflow")
+    return is_workflow_type(info["component_type"])
 
 
 def refusal(action: str, info: ExecutionInfo) -> str | None:
@@ -127,7 +128,7 @@ def refusal(action: str, info: ExecutionInfo) -> str | None:
     state = info["state"]
     name = state_name(state)
     eid = info["execution_id"]
-    if action == "stub" and info["component_type"] != "activity_stub":
+    if action == "stub" and not accepts_stub(info["component_type"]):
         return f"{eid} is not a stub activity: only activity_stub executions are stubbed"
     if name == "finished":
         return f"{eid} is finished"
