@@ -46,8 +46,8 @@ async def _open_postgres(tmp_path: Path) -> Storage:
 
 async def _open_sqlite_shared(tmp_path: Path) -> Storage:
     """SQLite while another process (here: a second storage) has the file open: writes
-    go through optimistic batches (`engine.storage.sqlite_optimistic`), wake-ups over
-    the peer bus (`engine.storage.sqlite_peers`)."""
+    go through optimistic batches (`engine.storage.sqlite.optimistic`), wake-ups over
+    the peer bus (`engine.storage.sqlite.peers`)."""
     peer = await SqliteStorage.open(tmp_path / "obelisk.sqlite")
     storage = await SqliteStorage.open(tmp_path / "obelisk.sqlite")
     assert storage.peers.has_peers()
