@@ -19,8 +19,6 @@ OVERSIZED: frozenset[str] = frozenset(
         "engine/runtimes/js/activity.py",
         "engine/runtimes/js/workflow.py",
         "engine/runtimes/wasm/workflow.py",
-        "engine/storage/postgres.py",
-        "engine/storage/sqlite.py",
     }
 )
 

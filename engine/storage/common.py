@@ -113,7 +113,7 @@ class Notes:
 @dataclass(slots=True)
 class RemoteNotes:
     """What one commit tells the other processes sharing the database (PostgreSQL's
-    NOTIFY, SQLite's `engine.storage.sqlite_peers`): one line each, after the sender."""
+    NOTIFY, SQLite's `engine.storage.sqlite.peers`): one line each, after the sender."""
 
     lines: list[str] = field(default_factory=list)
 

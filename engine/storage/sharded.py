@@ -21,7 +21,7 @@ work of one. So `Engine.start(processes=N)` on SQLite keeps the executions in N 
 - Reads of one execution go to its shard (the home of its top-level id, else the shard
   that has it: a scheduled one; remembered); lists and counts merge every shard's.
 - A write from the observer (a submit, pause, cancel, stub) wakes the shard's owner
-  over the file's peer bus (`engine.storage.sqlite_peers`), and the owner's commits wake
+  over the file's peer bus (`engine.storage.sqlite.peers`), and the owner's commits wake
   the observer's waiters (results, the console's change feed) the same way.
 
 The methods that do a process's work — locking due executions, timers, leases,

@@ -19,9 +19,9 @@ from engine.core import events as ev
 from engine.core.records import Frame
 from engine.engine import Engine
 from engine.server.api import make_app
-from engine.storage import sqlite as sqlite_backend
 from engine.storage.contract import AppendExtras, ComponentSource, NotFound, VersionConflict
 from engine.storage.sqlite import SqliteStorage
+from engine.storage.sqlite import schema as sqlite_schema
 from tests.engine.conftest import StartEngine
 from tests.storage.conftest import WORKFLOW, WORKFLOW_FFQN, Executor, at, create_request
 
@@ -286,7 +286,7 @@ async def test_storage_stores_deduplicates_and_replaces(tmp_path: Path) -> None:
 async def test_schema_2_database_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as conn:
-        for script in sqlite_backend.MIGRATIONS[:2]:
+        for script in sqlite_schema.MIGRATIONS[:2]:
             conn.executescript(script)
         conn.execute("PRAGMA user_version = 2")
     storage = await SqliteStorage.open(path)
@@ -305,7 +305,7 @@ async def test_schema_2_database_is_migrated(tmp_path: Path) -> None:
     finally:
         await storage.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_backend.SCHEMA_VERSION
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_schema.SCHEMA_VERSION
 
 
 # ---------------------------------------------------------------------------------------

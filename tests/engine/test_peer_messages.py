@@ -1,4 +1,4 @@
-"""Forged messages on the peer bus of a SQLite file (`engine.storage.sqlite_peers`)
+"""Forged messages on the peer bus of a SQLite file (`engine.storage.sqlite.peers`)
 against a real engine running a real activity.
 
 The activity (JS) fetches a URL of the test's HTTP server on loopback, which answers
@@ -23,8 +23,8 @@ from aiohttp.test_utils import TestServer
 
 from engine.core import events as ev
 from engine.engine import Engine
-from engine.storage import sqlite_peers
 from engine.storage.sqlite import SqliteStorage
+from engine.storage.sqlite import peers as sqlite_peers
 from tests.engine.conftest import StartEngine
 
 pytestmark = pytest.mark.skipif(not sqlite_peers.supported(), reason="the peer bus is Linux-only")

@@ -1,6 +1,6 @@
 """SIGKILL a server whose locks expire in an hour, restart it at once: what the dead
 process held is released by the new one's watcher at start (executor leases: files
-`engine.storage.leases` with SQLite, advisory locks `engine.storage.postgres_leases`),
+`engine.storage.leases` with SQLite, advisory locks `engine.storage.postgres.leases`),
 not an hour later — a running activity is retried, and a workflow that was waiting in
 memory for a child continues as soon as the child's response is there."""
 

@@ -1,7 +1,7 @@
 """Two `obelisk server run` processes on one data dir (one SQLite file): every execution is
 run to `finished` exactly once, and both engines do part of the work.
 
-Each server wakes the other after its commits (`engine.storage.sqlite_peers`); the
+Each server wakes the other after its commits (`engine.storage.sqlite.peers`); the
 executors' ticks (`exec.tick_sleep`, small here) are the safety net. Run with `-s` to see
 the split between the two executors.
 """

@@ -2,7 +2,7 @@
 while its process lives and dead — to this process and to another one opening the same
 database — once that process is SIGKILLed; what its executors held is found, and a
 forgotten lease is gone. (SQLite: `engine.storage.leases`, file locks; PostgreSQL:
-`engine.storage.postgres_leases`, advisory locks held by the process's connection.)"""
+`engine.storage.postgres.leases`, advisory locks held by the process's connection.)"""
 
 from __future__ import annotations
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from engine.core import events as ev
-from engine.storage import sqlite_peers
 from engine.storage.common import RemoteChecks, apply_remote_notes, run_must_stop
 from engine.storage.notify import Notifier
 from engine.storage.sqlite import SqliteStorage
+from engine.storage.sqlite import peers as sqlite_peers
 
 from .conftest import ACTIVITY_FFQN, WORKFLOW, WORKFLOW_FFQN, Executor, at, create_request
 

@@ -17,7 +17,8 @@ import pytest
 
 from engine.core import events as ev
 from engine.storage.contract import AppendExtras, ListFilter, StorageError
-from engine.storage.postgres import SCHEMA_VERSION, PostgresStorage, dsn_from_parts, parse_dsn
+from engine.storage.postgres import PostgresStorage, dsn_from_parts, parse_dsn
+from engine.storage.postgres.schema import SCHEMA_VERSION
 from tests.pg_cluster import PASSWORD, Cluster, drop_schema, free_port, schema_dsn, schema_name
 
 from .conftest import ACTIVITY_FFQN, WORKFLOW, WORKFLOW_FFQN, Executor, at, child_id, create_request

@@ -19,7 +19,6 @@ import pytest
 from engine.core import events as ev
 from engine.core.ids import ExecutionId
 from engine.core.state import Paused
-from engine.storage import sqlite_peers
 from engine.storage.contract import Conflict, ExecutionRow, ListFilter, NotFound
 from engine.storage.sharded import (
     ShardedStorage,
@@ -28,6 +27,7 @@ from engine.storage.sharded import (
     shard_path,
 )
 from engine.storage.sqlite import SqliteStorage
+from engine.storage.sqlite import peers as sqlite_peers
 
 from .conftest import OTHER_FFQN, WORKFLOW_FFQN, at, create_request
 from .test_contract import OK42, BlockedParent, _list_fixture, create, finish, lock

@@ -20,7 +20,6 @@ import pytest
 from engine.core import events as ev
 from engine.core.records import LogLine
 from engine.core.state import BlockedByJoinSet
-from engine.storage import sqlite as sqlite_backend
 from engine.storage.contract import (
     AppendExtras,
     Conflict,
@@ -28,7 +27,8 @@ from engine.storage.contract import (
     StorageError,
     VersionConflict,
 )
-from engine.storage.sqlite import SCHEMA_VERSION, SqliteStorage
+from engine.storage.sqlite import SqliteStorage, batches, schema
+from engine.storage.sqlite.schema import SCHEMA_VERSION
 
 from .conftest import (
     ACTIVITY_FFQN,
@@ -121,8 +121,8 @@ async def test_migration_to_a_new_version_keeps_data(
     await s.close()
 
     extra = "CREATE TABLE extra (x INTEGER NOT NULL);\nINSERT INTO extra VALUES (7);"
-    monkeypatch.setattr(sqlite_backend, "MIGRATIONS", [*sqlite_backend.MIGRATIONS, extra])
-    monkeypatch.setattr(sqlite_backend, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(schema, "MIGRATIONS", [*schema.MIGRATIONS, extra])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     s = await SqliteStorage.open(db_path)
     try:
         assert await s.get_created(request.execution_id) == request.created
@@ -137,8 +137,8 @@ async def test_failing_migration_leaves_the_database_unchanged(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broken = "CREATE TABLE half_done (x);\nSELECT no_such_function();"
-    monkeypatch.setattr(sqlite_backend, "MIGRATIONS", [*sqlite_backend.MIGRATIONS, broken])
-    monkeypatch.setattr(sqlite_backend, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(schema, "MIGRATIONS", [*schema.MIGRATIONS, broken])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with pytest.raises(StorageError, match=str(db_path)):
         await SqliteStorage.open(db_path)
     assert "half_done" not in tables(db_path)
@@ -472,11 +472,11 @@ async def test_a_lingered_transaction_that_breaks_the_savepoint_is_retried_not_l
     class VandalFirst(ReportingLock):
         def taken(self, execution: Any) -> None:
             if not self.handed:  # a retry hands the lock over again: once is enough
-                reply = sqlite_backend._CallbackReply(
+                reply = batches._CallbackReply(
                     lambda ok, value: loop.call_soon_threadsafe(vandal_done.set_result, (ok, value))
                 )
                 assert storage._writer is not None
-                storage._writer.put(sqlite_backend._Tx(vandal, None, 0, reply))
+                storage._writer.put(batches._Tx(vandal, None, 0, reply))
                 super().taken(execution)
             else:
                 self.handed.append(execution)
@@ -542,12 +542,12 @@ async def test_a_run_left_blocked_is_answered_with_its_first_response(
     extras = AppendExtras(creates=[CreateRequest(child, created, reporter)])
     inbox = storage.open_inbox(parent)
     order: list[str] = []
-    post, set_early = type(inbox).post, sqlite_backend._ThreadReply.set_early
+    post, set_early = type(inbox).post, batches._ThreadReply.set_early
     monkeypatch.setattr(
         type(inbox), "post", lambda self, *a: (order.append("response"), post(self, *a))[1]
     )
     monkeypatch.setattr(
-        sqlite_backend._ThreadReply,
+        batches._ThreadReply,
         "set_early",
         lambda self, *a: (order.append("answer"), set_early(self, *a))[1],
     )

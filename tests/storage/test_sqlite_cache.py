@@ -1,4 +1,4 @@
-"""The SQLite writer's summary cache across writers (`engine.storage.sqlite_cache`):
+"""The SQLite writer's summary cache across writers (`engine.storage.sqlite.cache`):
 what another connection wrote is forgotten, whatever happened to this one's own
 transactions. Plain connections on one file stand for the writers of several processes."""
 
@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from engine.storage.sqlite import MIGRATIONS, SqliteStorage, _statements
-from engine.storage.sqlite_cache import SummaryCache
+from engine.storage.sqlite import SqliteStorage
+from engine.storage.sqlite.cache import SummaryCache
+from engine.storage.sqlite.schema import MIGRATIONS, _statements
 
 from .conftest import at, create_request
 

@@ -1,4 +1,4 @@
-"""The phase-2 writes of optimistic batches (`engine.storage.sqlite_optimistic`): kept
+"""The phase-2 writes of optimistic batches (`engine.storage.sqlite.optimistic`): kept
 writes coalesced into a few statements must leave the database exactly as the writes
 made one by one would (each execution's last summary, after its creation; delays in
 their order), and a write of another form keeps the batch's own order."""
@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.storage.sqlite import MIGRATIONS, _statements
-from engine.storage.sqlite_optimistic import (
+from engine.storage.sqlite.optimistic import (
     UPDATE_SUMMARY,
     BufferedConnection,
     NeedsWriteLock,
@@ -20,6 +19,7 @@ from engine.storage.sqlite_optimistic import (
     apply_writes,
     update_summaries_sql,
 )
+from engine.storage.sqlite.schema import MIGRATIONS, _statements
 
 INSERT_EXECUTION = (
     "INSERT INTO executions (execution_id, ffqn, component_type, parent_id, state, "

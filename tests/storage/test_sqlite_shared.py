@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from engine.core import events as ev
-from engine.storage import sqlite_peers
 from engine.storage.contract import Conflict, VersionConflict
 from engine.storage.sqlite import SqliteStorage
+from engine.storage.sqlite import peers as sqlite_peers
 
 from .conftest import (
     ACTIVITY_FFQN,

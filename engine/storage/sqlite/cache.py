@@ -6,7 +6,7 @@ naming the executions whose rows it wrote (`record_writes`), in the same transac
 Another writer that sees `PRAGMA data_version` move reads the rows after the last one it
 knows (`SummaryCache.catch_up`) and forgets only those executions, instead of everything:
 several processes that each work on their own executions keep their caches. The same
-rows tell an optimistic batch (`engine.storage.sqlite_optimistic`) whether what it read
+rows tell an optimistic batch (`engine.storage.sqlite.optimistic`) whether what it read
 is still current. A commit the rows do not account for (a gap, or `data_version` moved
 with no new row) forgets everything.
 
