@@ -18,7 +18,7 @@ StartEngine = Callable[..., Awaitable[Engine]]
 async def start_engine(tmp_path: Path) -> AsyncIterator[StartEngine]:
     """`await start_engine(toml, files={"a.js": "..."})` → a running Engine; stopped after.
 
-    `toml` is the text of `deployment.toml` or a `Deployment` built in `tmp_path`."""
+    `toml` is the text of `deployment.toml` or a `Deployment` (written into `tmp_path`)."""
     engines: list[Engine] = []
 
     async def start(
@@ -28,8 +28,7 @@ async def start_engine(tmp_path: Path) -> AsyncIterator[StartEngine]:
             (tmp_path / name).write_text(textwrap.dedent(text))
         deployment = tmp_path / "deployment.toml"
         if isinstance(toml, Deployment):
-            assert toml.path == deployment, f"build the deployment in tmp_path, not {toml.path}"
-            toml.write()
+            toml.write(tmp_path)
         else:
             deployment.write_text(textwrap.dedent(toml))
         engine = await Engine.start(deployment, tmp_path / "data", **kwargs)  # type: ignore[arg-type]
