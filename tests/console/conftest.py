@@ -8,7 +8,6 @@ waits for a condition of the UI or of the engine, with a deadline (no fixed slee
 from __future__ import annotations
 
 import asyncio
-import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +19,7 @@ from textual.pilot import Pilot
 from engine.engine import Engine
 from obelisk_tui.app import ObeliskApp
 from obelisk_tui.backend import ConsoleBackend, EmbeddedBackend
+from tests.fixtures.deployments import Deployment, ms, seconds
 
 STEP_JS = """
 export default function step(idx) { return idx * 10; }
@@ -58,65 +58,56 @@ export default function order(id) {
 }
 """
 
-DEPLOYMENT = """
-[[activity_js]]
-name = "step"
-location = "step.js"
-ffqn = "test:console/activity.step"
-params = [{ name = "idx", type = "u32" }]
-return_type = "result<u32, string>"
-exec.tick_sleep.milliseconds = 20
-
-[[activity_js]]
-name = "spin"
-location = "spin.js"
-ffqn = "test:console/activity.spin"
-params = [{ name = "ms", type = "u32" }]
-return_type = "result<u32, string>"
-max_retries = 0
-exec.lock_expiry.seconds = 60
-
-[[activity_stub]]
-name = "approval"
-ffqn = "test:console/approval.approve"
-params = [{ name = "order", type = "string" }]
-return_type = "result<bool, string>"
-
-[[workflow_js]]
-name = "fanout"
-location = "fanout.js"
-ffqn = "test:console/workflow.fanout"
-params = [{ name = "n", type = "u32" }]
-return_type = "result<string, string>"
-exec.tick_sleep.milliseconds = 20
-
-[[workflow_js]]
-name = "order"
-location = "order.js"
-ffqn = "test:console/workflow.order-cancellable"
-params = [{ name = "id", type = "string" }]
-return_type = "result<string, string>"
-exec.lock_expiry.seconds = 2
-exec.tick_sleep.milliseconds = 20
-"""
-
-FILES = {"step.js": STEP_JS, "spin.js": SPIN_JS, "fanout.js": FANOUT_JS, "order.js": ORDER_JS}
-
 STEP = "test:console/activity.step"
 SPIN = "test:console/activity.spin"
 APPROVE = "test:console/approval.approve"
 FANOUT = "test:console/workflow.fanout"
 ORDER = "test:console/workflow.order-cancellable"
 
+DEPLOYMENT = (
+    Deployment()
+    .activity_js(
+        "step",
+        STEP_JS,
+        ffqn=STEP,
+        params=[("idx", "u32")],
+        return_type="result<u32, string>",
+        exec={"tick_sleep": ms(20)},
+    )
+    .activity_js(
+        "spin",
+        SPIN_JS,
+        ffqn=SPIN,
+        params=[("ms", "u32")],
+        return_type="result<u32, string>",
+        max_retries=0,
+        exec={"lock_expiry": seconds(60)},
+    )
+    .activity_stub(
+        APPROVE, name="approval", params=[("order", "string")], return_type="result<bool, string>"
+    )
+    .workflow_js(
+        "fanout",
+        FANOUT_JS,
+        ffqn=FANOUT,
+        params=[("n", "u32")],
+        return_type="result<string, string>",
+        exec={"tick_sleep": ms(20)},
+    )
+    .workflow_js(
+        "order",
+        ORDER_JS,
+        ffqn=ORDER,
+        params=[("id", "string")],
+        return_type="result<string, string>",
+        exec={"lock_expiry": seconds(2), "tick_sleep": ms(20)},
+    )
+)
 SIZE = (160, 45)
 
 
 def write_deployment(directory: Path) -> Path:
-    for name, text in FILES.items():
-        (directory / name).write_text(textwrap.dedent(text))
-    path = directory / "deployment.toml"
-    path.write_text(textwrap.dedent(DEPLOYMENT))
-    return path
+    return DEPLOYMENT.write(directory)
 
 
 @pytest.fixture

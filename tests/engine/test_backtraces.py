@@ -23,6 +23,7 @@ from engine.storage.contract import AppendExtras, ComponentSource, NotFound, Ver
 from engine.storage.sqlite import SqliteStorage
 from engine.storage.sqlite import schema as sqlite_schema
 from tests.engine.conftest import StartEngine
+from tests.fixtures.deployments import Deployment, ms, seconds
 from tests.storage.conftest import WORKFLOW, WORKFLOW_FFQN, Executor, at, create_request
 
 TOKEN = "backtrace-test-token"
@@ -95,43 +96,43 @@ FILES = {
 }
 
 
-def workflow(name: str, ffqn_name: str, strategy: str) -> str:
-    return f"""
-[[workflow_js]]
-name = "{name}"
-location = "{name}.js"
-ffqn = "myapp:demo/workflow.{ffqn_name}"
-params = []
-return_type = "result<string, string>"
-blocking_strategy = "{strategy}"
-exec.lock_expiry.seconds = 2
-exec.tick_sleep.milliseconds = 20
-"""
+def workflow(d: Deployment, name: str, ffqn_name: str, strategy: str) -> None:
+    d.workflow_js(
+        name,
+        None,  # <name>.js, in FILES
+        ffqn=f"myapp:demo/workflow.{ffqn_name}",
+        params=[],
+        return_type="result<string, string>",
+        blocking_strategy=strategy,
+        exec={"lock_expiry": seconds(2), "tick_sleep": ms(20)},
+    )
 
 
-def deployment(strategy: str = "await") -> str:
-    toml = """
-[[activity_js]]
-name = "step"
-location = "step.js"
-ffqn = "myapp:demo/activity.step"
-params = [{ name = "idx", type = "u32" }, { name = "sleep-millis", type = "u32" }]
-return_type = "result<u32, string>"
-exec.tick_sleep.milliseconds = 20
-
-[[activity_stub]]
-ffqn = "myapp:demo/approval.approve"
-params = [{ name = "order", type = "string" }]
-return_type = "result<bool, string>"
-"""
+def deployment(strategy: str = "await") -> Deployment:
+    d = (
+        Deployment()
+        .activity_js(
+            "step",
+            None,
+            ffqn="myapp:demo/activity.step",
+            params=[("idx", "u32"), ("sleep-millis", "u32")],
+            return_type="result<u32, string>",
+            exec={"tick_sleep": ms(20)},
+        )
+        .activity_stub(
+            "myapp:demo/approval.approve",
+            params=[("order", "string")],
+            return_type="result<bool, string>",
+        )
+    )
     for name, ffqn_name in (
         ("mixed", "mixed"),
         ("loop", "loop"),
         ("submit_return", "submit-return"),
         ("waiting", "waiting"),
     ):
-        toml += workflow(name, ffqn_name, strategy)
-    return toml
+        workflow(d, name, ffqn_name, strategy)
+    return d
 
 
 def line_of(source: str, fragment: str) -> int:

@@ -23,6 +23,7 @@ from engine.errors import Conflict, InvalidParams, NotCancellable, NotFound
 from engine.executors.cancellation import teardown_view
 from engine.server.api import make_app
 from tests.engine.conftest import StartEngine
+from tests.fixtures.deployments import Deployment, ParamSpec, ms, seconds
 
 SPIN = "test:wf/acts.spin"
 QUICK = "test:wf/acts.quick"
@@ -106,56 +107,57 @@ export default function pausable(n) {
 """
 
 
-def _activity(name: str, export: str, params: str, ret: str) -> str:
-    return f"""
-    [[activity_js]]
-    name = "{name}"
-    location = "acts.js"
-    export = "{export}"
-    ffqn = "test:wf/acts.{name}"
-    params = {params}
-    return_type = "{ret}"
-    max_retries = 0
-    exec.lock_expiry.seconds = 10
-    exec.tick_sleep.milliseconds = 20
-    """
+def _activity(d: Deployment, name: str, export: str, params: list[ParamSpec], ret: str) -> None:
+    d.activity_js(
+        name,
+        None,  # acts.js, in FILES
+        location="acts.js",
+        export=export,
+        ffqn=f"test:wf/acts.{name}",
+        params=params,
+        return_type=ret,
+        max_retries=0,
+        exec={"lock_expiry": seconds(10), "tick_sleep": ms(20)},
+    )
 
 
 def _workflow(
-    name: str, file: str, params: str = "[]", strategy: str = "await", lock_expiry: int = 10
-) -> str:
-    return f"""
-    [[workflow_js]]
-    name = "{file}"
-    location = "{file}.js"
-    ffqn = "test:wf/wf.{name}"
-    params = {params}
-    return_type = "result<string, string>"
-    blocking_strategy = "{strategy}"
-    exec.lock_expiry.seconds = {lock_expiry}
-    exec.tick_sleep.milliseconds = 20
-    """
+    d: Deployment,
+    name: str,
+    file: str,
+    params: list[ParamSpec] | None = None,
+    strategy: str = "await",
+    lock_expiry: int = 10,
+) -> None:
+    d.workflow_js(
+        file,
+        None,  # <file>.js, in FILES
+        ffqn=f"test:wf/wf.{name}",
+        params=params or [],
+        return_type="result<string, string>",
+        blocking_strategy=strategy,
+        exec={"lock_expiry": seconds(lock_expiry), "tick_sleep": ms(20)},
+    )
 
 
-DEPLOYMENT = (
-    _activity("spin", "spin", "[]", "result<string, string>")
-    + _activity("quick", "quick", '[{ name = "n", type = "u32" }]', "result<u32, string>")
-    + f"""
-    [[activity_stub]]
-    ffqn = "{APPROVE}"
-    params = [{{ name = "order", type = "string" }}]
-    return_type = "result<bool, string>"
-    """
-    + _workflow("plain", "plain")
-    + _workflow("child-cancellable", "child")
-    + _workflow("parent-cancellable", "parent")
-    + _workflow("parent", "parent-plain")
-    + _workflow("spinner-cancellable", "spinner", strategy="interrupt")
-    + _workflow("sleeper", "sleeper")
+def _deployment() -> Deployment:
+    d = Deployment()
+    _activity(d, "spin", "spin", [], "result<string, string>")
+    _activity(d, "quick", "quick", [("n", "u32")], "result<u32, string>")
+    d.activity_stub(APPROVE, params=[("order", "string")], return_type="result<bool, string>")
+    _workflow(d, "plain", "plain")
+    _workflow(d, "child-cancellable", "child")
+    _workflow(d, "parent-cancellable", "parent")
+    _workflow(d, "parent", "parent-plain")
+    _workflow(d, "spinner-cancellable", "spinner", strategy="interrupt")
+    _workflow(d, "sleeper", "sleeper")
     # A short lock: after a pause of a warm run blocked on a join set, the execution is
     # pending only at that run's lock expiry (SPEC §4.2), even though the run is gone.
-    + _workflow("pausable", "pausable", '[{ name = "n", type = "u32" }]', lock_expiry=2)
-)
+    _workflow(d, "pausable", "pausable", [("n", "u32")], lock_expiry=2)
+    return d
+
+
+DEPLOYMENT = _deployment()
 
 FILES = {
     "acts.js": ACTS_JS,

@@ -3,39 +3,51 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.deployment import load_deployment
 from engine.errors import DeploymentError
+from tests.fixtures.deployments import Deployment, ms, seconds
 
 
-def write(tmp_path: Path, text: str) -> Path:
+def write(tmp_path: Path, text: str | Deployment) -> Path:
     (tmp_path / "greet.js").write_text("export default function greet(n) { return n; }\n")
+    if isinstance(text, Deployment):
+        return text.write(tmp_path)
     p = tmp_path / "deployment.toml"
     p.write_text(text)
     return p
 
 
-GOOD = """
-[[activity_js]]
-name = "greet"
-location = "greet.js"
-ffqn = "myapp:demo/greeter.greet"
-params = [{ name = "name", type = "string" }]
-return_type = "result<string, string>"
-max_retries = 2
-retry_exp_backoff.milliseconds = 50
-exec.lock_expiry.seconds = 2
-exec.batch_size = 3
-env_vars = ["FROM_ENV", { key = "MODE", value = "test" }, "MISSING"]
-allowed_host = ["api.example.com", { pattern = "*.example.org" }]
+def greet(**changes: Any) -> Deployment:
+    """The `[[activity_js]]` of GOOD, with `changes` to its keys (greet.js: `write`)."""
+    keys: dict[str, Any] = {
+        "location": "greet.js",
+        "ffqn": "myapp:demo/greeter.greet",
+        "params": [("name", "string")],
+        "return_type": "result<string, string>",
+        "max_retries": 2,
+        "retry_exp_backoff": ms(50),
+        "exec": {"lock_expiry": seconds(2), "batch_size": 3},
+        "env_vars": ["FROM_ENV", {"key": "MODE", "value": "test"}, "MISSING"],
+        "allowed_host": ["api.example.com", {"pattern": "*.example.org"}],
+    }
+    return Deployment().activity_js("greet", None, **{**keys, **changes})
 
-[[activity_stub]]
-ffqn = "myapp:demo/approval.approve"
-params = []
-return_type = "result<bool, string>"
-"""
+
+STUB = Deployment().activity_stub(
+    "myapp:demo/approval.approve", params=[], return_type="result<bool, string>"
+)
+
+
+def good(**changes: Any) -> Deployment:
+    """GOOD with `changes` to the keys of its `[[activity_js]]`."""
+    return greet(**changes) + STUB
+
+
+GOOD = good()
 
 
 def test_good_deployment_is_parsed(tmp_path: Path) -> None:
@@ -58,42 +70,38 @@ def test_good_deployment_is_parsed(tmp_path: Path) -> None:
         ("[[activity_js]\nname=", ["malformed TOML"]),
         ("[[nonsense]]\nname = 'x'", ["unknown section `nonsense`"]),
         (
-            GOOD.replace("max_retries = 2", "max_retries = 2\ncolour = 'red'"),
+            good(extra={"colour": "red"}),
             ['[[activity_js]] #1 "greet"', "key `colour`", "unknown key"],
         ),
+        (good(location="nope.js"), ["key `location`", "file not found", "nope.js"]),
         (
-            GOOD.replace('location = "greet.js"', 'location = "nope.js"'),
-            ["key `location`", "file not found", "nope.js"],
-        ),
-        (
-            GOOD.replace('"result<string, string>"', '"result<string, strin>"', 1),
+            good(return_type="result<string, strin>"),
             ["key `return_type`", "invalid type"],
         ),
+        (good(return_type="string"), ["key `return_type`", "must be a result"]),
+        (good(params=[("name", "lizt<u8>")]), ["key `params[0].type`"]),
+        (good(ffqn="greet"), ["key `ffqn`", "namespace:package/interface.function"]),
+        (good(max_retries=-1), ["key `max_retries`"]),
         (
-            GOOD.replace('"result<string, string>"', '"string"', 1),
-            ["key `return_type`", "must be a result"],
-        ),
-        (GOOD.replace('type = "string"', 'type = "lizt<u8>"'), ["key `params[0].type`"]),
-        (
-            GOOD.replace('ffqn = "myapp:demo/greeter.greet"', 'ffqn = "greet"'),
-            ["key `ffqn`", "namespace:package/interface.function"],
-        ),
-        (GOOD.replace("max_retries = 2", "max_retries = -1"), ["key `max_retries`"]),
-        (
-            GOOD.replace("retry_exp_backoff.milliseconds = 50", "retry_exp_backoff.fortnights = 1"),
+            good(retry_exp_backoff={"fortnights": 1}),
             ["key `retry_exp_backoff.fortnights`"],
         ),
-        (GOOD.replace("exec.batch_size = 3", "exec.batch_size = 0"), ["key `exec.batch_size`"]),
-        (GOOD.replace("exec.batch_size = 3", "exec.turbo = true"), ["key `exec.turbo`"]),
         (
-            GOOD.replace("exec.batch_size = 3", "exec.tick_sleep.milliseconds = 0"),
+            good(exec={"lock_expiry": seconds(2), "batch_size": 0}),
+            ["key `exec.batch_size`"],
+        ),
+        (good(exec={"lock_expiry": seconds(2), "turbo": True}), ["key `exec.turbo`"]),
+        (
+            good(exec={"lock_expiry": seconds(2), "tick_sleep": ms(0)}),
             ["key `exec.tick_sleep`", "must be positive"],
         ),
-        (GOOD.replace('{ key = "MODE", value = "test" }', "42"), ["key `env_vars[1]`"]),
-        (GOOD + GOOD.split("[[activity_stub]]")[0], ["duplicate name `greet`"]),
+        (good(env_vars=["FROM_ENV", 42, "MISSING"]), ["key `env_vars[1]`"]),
+        (GOOD + greet(), ["duplicate name `greet`"]),
     ],
 )
-def test_bad_deployment_names_the_problem(tmp_path: Path, text: str, fragments: list[str]) -> None:
+def test_bad_deployment_names_the_problem(
+    tmp_path: Path, text: str | Deployment, fragments: list[str]
+) -> None:
     path = write(tmp_path, text)
     with pytest.raises(DeploymentError) as info:
         load_deployment(path, environ={})

@@ -31,6 +31,7 @@ from tests.engine.test_cancellation import (
     wait_state,
     wait_until,
 )
+from tests.fixtures.deployments import Deployment
 
 # Not -cancellable: submits a child activity that nothing finishes and a child workflow
 # that waits forever, then computes forever (strategy `interrupt`: the requests are in
@@ -54,17 +55,17 @@ export default function stuck() {
 }
 """
 
-DEPLOYMENT = (
-    f"""
-    [[activity_stub]]
-    ffqn = "{APPROVE}"
-    params = [{{ name = "order", type = "string" }}]
-    return_type = "result<bool, string>"
-    """
-    + _workflow("looper", "looper", strategy="interrupt")
-    + _workflow("stuck", "stuck")
-    + _workflow("stuck-cancellable", "stuck-c")
-)
+
+def _deployment() -> Deployment:
+    d = Deployment()
+    d.activity_stub(APPROVE, params=[("order", "string")], return_type="result<bool, string>")
+    _workflow(d, "looper", "looper", strategy="interrupt")
+    _workflow(d, "stuck", "stuck")
+    _workflow(d, "stuck-cancellable", "stuck-c")
+    return d
+
+
+DEPLOYMENT = _deployment()
 FILES = {"looper.js": LOOPER_JS, "stuck.js": STUCK_JS, "stuck-c.js": STUCK_JS}
 
 

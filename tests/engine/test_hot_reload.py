@@ -26,54 +26,52 @@ from engine.server.api import make_app
 from engine.storage.contract import CreateRequest, VersionConflict
 from engine.storage.sqlite import SqliteStorage
 from tests.engine.conftest import StartEngine
+from tests.fixtures.deployments import Deployment, ParamSpec, ms, seconds
 
 GREET = "myapp:demo/activity.greet"
 OTHER = "myapp:demo/activity.other"
 ORDER = "myapp:demo/workflow.order"
 APPROVE = "myapp:demo/approval.approve"
 
-GREET_TOML = f"""
-[[activity_js]]
-name = "greet"
-location = "greet.js"
-ffqn = "{GREET}"
-params = [{{ name = "name", type = "string" }}]
-return_type = "result<string, string>"
-exec.tick_sleep.milliseconds = 20
-"""
 
-OTHER_TOML = f"""
-[[activity_js]]
-name = "other"
-location = "other.js"
-ffqn = "{OTHER}"
-params = []
-return_type = "result<string, string>"
-exec.tick_sleep.milliseconds = 20
-"""
+def js_activity(
+    name: str, ffqn: str, params: list[ParamSpec], location: str | None = None
+) -> Deployment:
+    """`[[activity_js]]` in `<name>.js` (written by each test)."""
+    return Deployment().activity_js(
+        name,
+        None,
+        location=location,
+        ffqn=ffqn,
+        params=params,
+        return_type="result<string, string>",
+        exec={"tick_sleep": ms(20)},
+    )
+
+
+GREET_TOML = js_activity("greet", GREET, [("name", "string")])
+OTHER_TOML = js_activity("other", OTHER, [])
 
 
 def greet_js(word: str) -> str:
     return f'export default function greet(name) {{ return "{word} " + name; }}\n'
 
 
-def workflow_toml(strategy: str = "await") -> str:
-    return f"""
-[[activity_stub]]
-ffqn = "{APPROVE}"
-params = [{{ name = "order", type = "string" }}]
-return_type = "result<string, string>"
+APPROVE_STUB = Deployment().activity_stub(
+    APPROVE, params=[("order", "string")], return_type="result<string, string>"
+)
 
-[[workflow_js]]
-name = "order"
-location = "order.js"
-ffqn = "{ORDER}"
-params = [{{ name = "id", type = "string" }}]
-return_type = "result<string, string>"
-blocking_strategy = "{strategy}"
-exec.lock_expiry.seconds = 1
-exec.tick_sleep.milliseconds = 20
-"""
+
+def workflow_toml(strategy: str = "await", id_type: str = "string") -> Deployment:
+    return APPROVE_STUB + Deployment().workflow_js(
+        "order",
+        None,  # order.js: each test writes its version
+        ffqn=ORDER,
+        params=[("id", id_type)],
+        return_type="result<string, string>",
+        blocking_strategy=strategy,
+        exec={"lock_expiry": seconds(1), "tick_sleep": ms(20)},
+    )
 
 
 ORDER_V1 = """
@@ -117,14 +115,16 @@ export default function order(id) { return reject(id); }
 """
 
 
-def write(path: Path, text: str) -> None:
+def write(path: Path, text: str | Deployment) -> None:
+    if isinstance(text, Deployment):
+        text = text.render()
     path.write_text(textwrap.dedent(text))
 
 
 async def edit_and_wait(
     engine: Engine,
     path: Path,
-    text: str,
+    text: str | Deployment,
     until: Callable[[ReloadStatus], bool],
     timeout: float = 30.0,
 ) -> ReloadStatus:
@@ -268,10 +268,10 @@ async def test_deployment_errors_keep_the_previous_deployment(
     engine = await start_engine(GREET_TOML, files={"greet.js": greet_js("hello")})
     toml = tmp_path / "deployment.toml"
     cases = {
-        "malformed TOML": (GREET_TOML + "[[activity_js]\n", "malformed TOML"),
+        "malformed TOML": (GREET_TOML.render() + "[[activity_js]\n", "malformed TOML"),
         "missing file": (GREET_TOML + OTHER_TOML, "other.js"),
         "duplicate FFQN": (
-            GREET_TOML + OTHER_TOML.replace(OTHER, GREET).replace("other.js", "greet.js"),
+            GREET_TOML + js_activity("other", GREET, [], location="greet.js"),
             f"exports {GREET}",
         ),
     }
@@ -531,7 +531,7 @@ async def test_removing_a_workflow_stops_its_pinned_version_too(
     child = await blocked_child(engine, eid)
     await edit_and_wait(engine, tmp_path / "order.js", ORDER_V2_INCOMPATIBLE, changed("order"))
     assert set(engine.reloader.pinned_executors) == {old_digest}
-    without_workflow = workflow_toml().split("[[workflow_js]]")[0]
+    without_workflow = APPROVE_STUB
     status = await edit_and_wait(
         engine, tmp_path / "deployment.toml", without_workflow, changed("order")
     )
@@ -601,13 +601,8 @@ async def test_changed_param_types_are_an_incompatible_upgrade(
     eid = await engine.submit(ORDER, ["o-1"])
     child = await blocked_child(engine, eid)
     # The same code, which would replay; but "o-1" is no u32.
-    retyped = workflow_toml().replace(
-        'params = [{ name = "id", type = "string" }]\nreturn_type = "result<string, string>"\n'
-        "blocking_strategy",
-        'params = [{ name = "id", type = "u32" }]\nreturn_type = "result<string, string>"\n'
-        "blocking_strategy",
-    )
-    assert retyped != workflow_toml()
+    retyped = workflow_toml(id_type="u32")
+    assert retyped.render() != workflow_toml().render()
     status = await edit_and_wait(engine, tmp_path / "deployment.toml", retyped, changed("order"))
     assert status.ok, status.error
     [upgrade] = status.upgrades
@@ -768,7 +763,7 @@ async def test_executions_of_a_removed_function_are_reported_as_waiting(
     eid = await engine.submit(ORDER, ["o-1"])
     child = await blocked_child(engine, eid)
     assert engine.reload_status().orphaned == []
-    without_workflow = workflow_toml().split("[[workflow_js]]")[0]
+    without_workflow = APPROVE_STUB
     status = await edit_and_wait(
         engine, tmp_path / "deployment.toml", without_workflow, changed("order")
     )
@@ -778,11 +773,17 @@ async def test_executions_of_a_removed_function_are_reported_as_waiting(
         await engine.submit(ORDER, ["o-2"])
     # A later reload that changes nothing (a comment), or fails, still reports them.
     status = await edit_and_wait(
-        engine, tmp_path / "deployment.toml", without_workflow + "\n# a comment\n", lambda s: True
+        engine,
+        tmp_path / "deployment.toml",
+        without_workflow.render() + "\n# a comment\n",
+        lambda s: True,
     )
     assert status.ok and status.changes == [] and status.orphaned == [OrphanedFunction(ORDER, 1)]
     status = await edit_and_wait(
-        engine, tmp_path / "deployment.toml", without_workflow + "\n[[broken", lambda s: True
+        engine,
+        tmp_path / "deployment.toml",
+        without_workflow.render() + "\n[[broken",
+        lambda s: True,
     )
     assert not status.ok and status.orphaned == [OrphanedFunction(ORDER, 1)]
     await engine.stop()

@@ -11,6 +11,7 @@ from engine.core import events as ev
 from engine.core.state import ACTIVITY_RETRY, replay
 from engine.errors import Conflict, InvalidParams, NotCancellable, NotFound, UnknownFunction
 from tests.engine.conftest import StartEngine
+from tests.fixtures.deployments import Deployment, ParamSpec, ms
 
 JS = """
 export function ok(name) { console.log("hello", name); return `hi ${name}`; }
@@ -22,42 +23,44 @@ export function badErr() { throw { code: 1 }; }
 """
 
 
-def js_section(name: str, export: str, params: str, ret: str, extra: str = "") -> str:
-    return f"""
-    [[activity_js]]
-    name = "{name}"
-    location = "acts.js"
-    export = "{export}"
-    ffqn = "test:js/acts.{name}"
-    params = {params}
-    return_type = "{ret}"
-    retry_exp_backoff.milliseconds = 10
-    exec.lock_expiry.milliseconds = 500
-    exec.tick_sleep.milliseconds = 20
-    {extra}
-    """
-
-
-DEPLOYMENT = (
-    js_section("ok", "ok", '[{ name = "name", type = "string" }]', "result<string, string>")
-    + js_section(
-        "fail",
-        "fail",
-        '[{ name = "msg", type = "string" }]',
-        "result<string, string>",
-        "max_retries = 2",
+def js_activity(
+    d: Deployment,
+    name: str,
+    export: str,
+    params: list[ParamSpec],
+    ret: str,
+    max_retries: int | None = None,
+) -> None:
+    d.activity_js(
+        name,
+        None,  # acts.js: each test writes it
+        location="acts.js",
+        export=export,
+        ffqn=f"test:js/acts.{name}",
+        params=params,
+        return_type=ret,
+        max_retries=max_retries,
+        retry_exp_backoff=ms(10),
+        exec={"lock_expiry": ms(500), "tick_sleep": ms(20)},
     )
-    + js_section("permanent", "permanent", "[]", "result<string, string>")
-    + js_section("spin", "spin", "[]", "result<string, string>", "max_retries = 1")
-    + js_section("bad-return", "badReturn", "[]", "result<string, string>", "max_retries = 0")
-    + js_section("bad-err", "badErr", "[]", "result<string, u32>", "max_retries = 1")
-    + """
-    [[activity_stub]]
-    ffqn = "test:stub/approval.approve"
-    params = [{ name = "order", type = "string" }]
-    return_type = "result<bool, string>"
-    """
-)
+
+
+def deployment() -> Deployment:
+    d = Deployment()
+    js_activity(d, "ok", "ok", [("name", "string")], "result<string, string>")
+    js_activity(d, "fail", "fail", [("msg", "string")], "result<string, string>", 2)
+    js_activity(d, "permanent", "permanent", [], "result<string, string>")
+    js_activity(d, "spin", "spin", [], "result<string, string>", 1)
+    js_activity(d, "bad-return", "badReturn", [], "result<string, string>", 0)
+    js_activity(d, "bad-err", "badErr", [], "result<string, u32>", 1)
+    return d.activity_stub(
+        "test:stub/approval.approve",
+        params=[("order", "string")],
+        return_type="result<bool, string>",
+    )
+
+
+DEPLOYMENT = deployment()
 
 
 async def start(start_engine: StartEngine):  # type: ignore[no-untyped-def]

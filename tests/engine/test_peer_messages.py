@@ -26,6 +26,7 @@ from engine.engine import Engine
 from engine.storage.sqlite import SqliteStorage
 from engine.storage.sqlite import peers as sqlite_peers
 from tests.engine.conftest import StartEngine
+from tests.fixtures.deployments import Deployment, ms, seconds
 
 pytestmark = pytest.mark.skipif(not sqlite_peers.supported(), reason="the peer bus is Linux-only")
 
@@ -36,18 +37,16 @@ export default async function hold(url) {
   return await res.text();
 }
 """
-DEPLOYMENT = f"""
-[[activity_js]]
-name = "hold"
-location = "hold.js"
-ffqn = "{HOLD}"
-params = [{{ name = "url", type = "string" }}]
-return_type = "result<string, string>"
-allowed_host = ["127.0.0.1:*"]
-max_retries = 0
-exec.lock_expiry.seconds = 30
-exec.tick_sleep.milliseconds = 20
-"""
+DEPLOYMENT = Deployment().activity_js(
+    "hold",
+    None,  # hold.js: HOLD_JS
+    ffqn=HOLD,
+    params=[("url", "string")],
+    return_type="result<string, string>",
+    allowed_host=["127.0.0.1:*"],
+    max_retries=0,
+    exec={"lock_expiry": seconds(30), "tick_sleep": ms(20)},
+)
 CANCELLED = ev.ExecutionFailure("cancelled", "cancellation requested")
 #: Another local user (`nobody`).
 OTHER_UID = 65534

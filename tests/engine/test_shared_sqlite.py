@@ -52,11 +52,7 @@ def serial_deployment(tmp_path: Path) -> Path:
     """`SERIAL(n)`: n calls of the JS activity `step`, one after the other → "0+…+(n−1)"."""
     (tmp_path / "step.js").write_text(textwrap.dedent(STEP_JS))
     (tmp_path / "serial.js").write_text(textwrap.dedent(SERIAL_JS))
-    deployment = tmp_path / "deployment.toml"
-    deployment.write_text(
-        textwrap.dedent(ACTIVITIES + workflow("serial", params='[{ name = "n", type = "u32" }]'))
-    )
-    return deployment
+    return (ACTIVITIES + workflow("serial", params=[("n", "u32")])).write(tmp_path)
 
 
 async def test_two_engines_on_one_file_share_workflows_and_wake_each_other(
@@ -115,8 +111,7 @@ async def test_a_response_from_another_process_right_after_the_runs_write_is_not
     monkeypatch.setattr(host_module, "RESPONSE_RECHECK", 60.0)
     (tmp_path / "step.js").write_text(textwrap.dedent(STEP_JS))
     (tmp_path / "ask.js").write_text(textwrap.dedent(ASK_JS))
-    deployment = tmp_path / "deployment.toml"
-    deployment.write_text(textwrap.dedent(ACTIVITIES + workflow("ask", lock_ms=120_000)))
+    deployment = (ACTIVITIES + workflow("ask", lock_ms=120_000)).write(tmp_path)
     engine = await Engine.start(deployment, tmp_path / "data", watch=False)
     other = await SqliteStorage.open(tmp_path / "data" / "obelisk.sqlite")
     storage = engine.storage

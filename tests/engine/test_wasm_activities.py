@@ -24,6 +24,7 @@ from engine.storage.contract import ListFilter
 from tests.engine.conftest import StartEngine
 from tests.engine.test_js_activities import event_types, legal, wait_state
 from tests.fixtures import components as fx
+from tests.fixtures.deployments import Deployment, TomlValue, ms
 
 LOG_LEVELS = ("trace", "debug", "info", "warn", "error")
 
@@ -35,22 +36,20 @@ def wasm_section(
     max_retries: int = 2,
     backoff_ms: int = 10,
     lock_ms: int = 500,
-    extra: str = "",
-) -> str:
+    env_vars: list[TomlValue] | None = None,
+) -> Deployment:
     """One `[[activity_wasm]]` table (the fixture component unless `location` is given)."""
-    return f"""
-    [[activity_wasm]]
-    name = "{name}"
-    location = "{location or fx.activity_component()}"
-    max_retries = {max_retries}
-    retry_exp_backoff.milliseconds = {backoff_ms}
-    exec.lock_expiry.milliseconds = {lock_ms}
-    exec.tick_sleep.milliseconds = 20
-    {extra}
-    """
+    return Deployment().activity_wasm(
+        name,
+        location or fx.activity_component(),
+        max_retries=max_retries,
+        retry_exp_backoff=ms(backoff_ms),
+        exec={"lock_expiry": ms(lock_ms), "tick_sleep": ms(20)},
+        env_vars=env_vars,
+    )
 
 
-async def start(start_engine: StartEngine, tmp_path: Path, toml: str) -> Engine:
+async def start(start_engine: StartEngine, tmp_path: Path, toml: Deployment) -> Engine:
     """Start an engine on `toml`, with compiled components cached across tests."""
     fx.share_compiled_cache(tmp_path / "data")  # the data dir `start_engine` uses
     return await start_engine(toml)
@@ -62,7 +61,7 @@ async def run(engine: Engine, function: str, params: list[Any], timeout: float =
     return eid, await engine.result(eid, timeout=timeout)
 
 
-async def start_error(start_engine: StartEngine, tmp_path: Path, toml: str) -> str:
+async def start_error(start_engine: StartEngine, tmp_path: Path, toml: Deployment) -> str:
     with pytest.raises(DeploymentError) as info:
         await start(start_engine, tmp_path, toml)
     message = str(info.value)
@@ -260,8 +259,7 @@ async def test_stop_does_not_wait_for_a_run_blocked_in_a_wasi_sleep(tmp_path: Pa
 
     path = await asyncio.to_thread(ensure_built, "activity_py")
     fx.share_compiled_cache(tmp_path / "data")
-    deployment = tmp_path / "deployment.toml"
-    deployment.write_text(wasm_section("activity_py", path, max_retries=0, lock_ms=120_000))
+    deployment = wasm_section("activity_py", path, max_retries=0, lock_ms=120_000).write(tmp_path)
     engine = await Engine.start(deployment, tmp_path / "data", watch=False)
     eid = await engine.submit("myapp:demo/activity.step", [1, SLEEP_MS])
     await wait_state(engine, eid, "locked")
@@ -289,10 +287,12 @@ async def test_only_declared_env_vars_are_visible(
     monkeypatch.setenv("OBELISK_TEST_PASSED", "from the server")
     monkeypatch.setenv("OBELISK_TEST_SECRET", "must not leak")
     monkeypatch.delenv("OBELISK_TEST_UNSET", raising=False)
-    env = (
-        'env_vars = ["OBELISK_TEST_PASSED", { key = "MODE", value = "test" }, "OBELISK_TEST_UNSET"]'
-    )
-    engine = await start(start_engine, tmp_path, wasm_section(extra=env))
+    env: list[TomlValue] = [
+        "OBELISK_TEST_PASSED",
+        {"key": "MODE", "value": "test"},
+        "OBELISK_TEST_UNSET",
+    ]
+    engine = await start(start_engine, tmp_path, wasm_section(env_vars=env))
     _, result = await run(engine, "env-vars", [])
     assert isinstance(result, ev.ResultOk)
     pairs = [tuple(pair) for pair in result.value]

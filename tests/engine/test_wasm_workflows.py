@@ -21,38 +21,40 @@ from engine.errors import DeploymentError
 from tests.engine.conftest import StartEngine
 from tests.engine.test_js_activities import wait_state
 from tests.fixtures import components as fx
+from tests.fixtures.deployments import Deployment, ms, seconds
 from tests.fixtures.workflow_components import workflow_component, workflow_ffqn
 
 ADD = "testing:fixtures/activity.add"
 
 
-def activity_section() -> str:
-    return f"""
-    [[activity_wasm]]
-    name = "fixtures"
-    location = "{fx.activity_component()}"
-    max_retries = 2
-    retry_exp_backoff.milliseconds = 10
-    exec.tick_sleep.milliseconds = 20
-    """
+def activity_section() -> Deployment:
+    return Deployment().activity_wasm(
+        "fixtures",
+        fx.activity_component(),
+        max_retries=2,
+        retry_exp_backoff=ms(10),
+        exec={"tick_sleep": ms(20)},
+    )
 
 
-def workflow_section(interface: str, strategy: str = "await", location: Path | None = None) -> str:
-    return f"""
-    [[workflow_wasm]]
-    name = "wf-{interface}"
-    location = "{location or workflow_component(interface)}"
-    blocking_strategy = "{strategy}"
-    exec.lock_expiry.seconds = 2
-    exec.tick_sleep.milliseconds = 20
-    """
+def workflow_section(
+    interface: str, strategy: str = "await", location: Path | None = None
+) -> Deployment:
+    return Deployment().workflow_wasm(
+        f"wf-{interface}",
+        location or workflow_component(interface),
+        blocking_strategy=strategy,
+        exec={"lock_expiry": seconds(2), "tick_sleep": ms(20)},
+    )
 
 
 async def start(
     start_engine: StartEngine, tmp_path: Path, *interfaces: str, strategy: str = "await"
 ) -> Engine:
     fx.share_compiled_cache(tmp_path / "data")  # the data dir `start_engine` uses
-    toml = activity_section() + "".join(workflow_section(i, strategy) for i in interfaces)
+    toml = activity_section()
+    for interface in interfaces:
+        toml += workflow_section(interface, strategy)
     return await start_engine(toml)
 
 
@@ -206,20 +208,14 @@ async def test_python_workflow_parallel_returns_45(
     start_engine: StartEngine, tmp_path: Path, strategy: str
 ) -> None:
     fx.share_compiled_cache(tmp_path / "data")
-    toml = f"""
-    [[activity_wasm]]
-    name = "activity_py"
-    location = "{ensure_built("activity_py")}"
-    exec.lock_expiry.seconds = 5
-    exec.tick_sleep.milliseconds = 20
-
-    [[workflow_wasm]]
-    name = "workflow_py"
-    location = "{ensure_built("workflow_py")}"
-    blocking_strategy = "{strategy}"
-    exec.lock_expiry.seconds = 5
-    exec.tick_sleep.milliseconds = 20
-    """
+    exec_ = {"lock_expiry": seconds(5), "tick_sleep": ms(20)}
+    toml = (
+        Deployment()
+        .activity_wasm("activity_py", ensure_built("activity_py"), exec=exec_)
+        .workflow_wasm(
+            "workflow_py", ensure_built("workflow_py"), blocking_strategy=strategy, exec=exec_
+        )
+    )
     engine = await start_engine(toml)
     eid = await engine.submit("myapp:demo-py/workflow.parallel", [])
     assert await engine.result(eid, timeout=60) == ev.ResultOk("45")
@@ -251,15 +247,13 @@ async def test_an_import_nobody_exports_is_a_deployment_error(
 async def test_an_import_of_other_types_is_a_deployment_error(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
-    (tmp_path / "add.js").write_text("export default function add(a, b) { return a + b; }\n")
-    toml = """
-    [[activity_js]]
-    name = "add"
-    location = "add.js"
-    ffqn = "testing:fixtures/activity.add"
-    params = [{ name = "a", type = "u32" }, { name = "b", type = "u32" }]
-    return_type = "result<u32, string>"
-    """ + workflow_section("direct")
+    toml = Deployment().activity_js(
+        "add",
+        "export default function add(a, b) { return a + b; }\n",
+        ffqn="testing:fixtures/activity.add",
+        params=[("a", "u32"), ("b", "u32")],
+        return_type="result<u32, string>",
+    ) + workflow_section("direct")
     with pytest.raises(DeploymentError) as info:
         await start_engine(toml)
     assert (
@@ -273,14 +267,7 @@ async def test_a_workflow_declared_as_an_activity_is_a_deployment_error(
 ) -> None:
     location = workflow_component("direct")
     with pytest.raises(DeploymentError) as info:
-        await start_engine(
-            activity_section()
-            + f"""
-    [[activity_wasm]]
-    name = "misplaced"
-    location = "{location}"
-    """
-        )
+        await start_engine(activity_section().activity_wasm("misplaced", location))
     message = str(info.value)
     assert '[[activity_wasm]] #2 "misplaced", key `location`' in message, message
     assert f"{location} imports " in message

@@ -101,13 +101,11 @@ export default function interp(program) {
 STRATEGIES = {"await": "interp", "interrupt": "interp-interrupt"}
 TOML = (
     ACTIVITIES
-    + workflow(
-        "interp", params='[{ name = "program", type = "string" }]', strategy="await", lock_ms=300
-    )
+    + workflow("interp", params=[("program", "string")], strategy="await", lock_ms=300)
     + workflow(
         "interpI",
         function="interp-interrupt",
-        params='[{ name = "program", type = "string" }]',
+        params=[("program", "string")],
         strategy="interrupt",
         lock_ms=300,
     )

@@ -23,6 +23,7 @@ from engine.core.state import BlockedByJoinSet, replay_stored, state_name
 from engine.engine import Engine
 from engine.storage.contract import ExecutionRow
 from tests.engine.conftest import StartEngine
+from tests.fixtures.deployments import Deployment, ParamSpec, ms
 
 # ---------------------------------------------------------------------------
 # Deployment helpers (also used by test_workflow_replay.py)
@@ -36,21 +37,23 @@ export default function step(idx, sleepMillis) {
 }
 """
 
-ACTIVITIES = """
-[[activity_js]]
-name = "step"
-location = "step.js"
-ffqn = "myapp:demo/activity.step"
-params = [{ name = "idx", type = "u32" }, { name = "sleep-millis", type = "u32" }]
-return_type = "result<u32, string>"
-exec.tick_sleep.milliseconds = 20
-
-[[activity_stub]]
-name = "answer"
-ffqn = "myapp:demo/stubs.answer"
-params = [{ name = "q", type = "string" }]
-return_type = "result<string, string>"
-"""
+ACTIVITIES = (
+    Deployment()
+    .activity_js(
+        "step",
+        None,  # step.js: STEP_JS, in each test's files
+        ffqn="myapp:demo/activity.step",
+        params=[("idx", "u32"), ("sleep-millis", "u32")],
+        return_type="result<u32, string>",
+        exec={"tick_sleep": ms(20)},
+    )
+    .activity_stub(
+        "myapp:demo/stubs.answer",
+        name="answer",
+        params=[("q", "string")],
+        return_type="result<string, string>",
+    )
+)
 
 
 def workflow(
@@ -58,22 +61,20 @@ def workflow(
     *,
     function: str | None = None,
     interface: str = "myapp:demo/workflow",
-    params: str = "[]",
+    params: list[ParamSpec] | None = None,
     strategy: str = "await",
     lock_ms: int = 2000,
-) -> str:
+) -> Deployment:
     """A `[[workflow_js]]` section; the JS lives in `<name>.js`."""
-    return f"""
-[[workflow_js]]
-name = "{name}"
-location = "{name}.js"
-ffqn = "{interface}.{function or kebab(name)}"
-params = {params}
-return_type = "result<string, string>"
-blocking_strategy = "{strategy}"
-exec.lock_expiry.milliseconds = {lock_ms}
-exec.tick_sleep.milliseconds = 20
-"""
+    return Deployment().workflow_js(
+        name,
+        None,
+        ffqn=f"{interface}.{function or kebab(name)}",
+        params=params or [],
+        return_type="result<string, string>",
+        blocking_strategy=strategy,
+        exec={"lock_expiry": ms(lock_ms), "tick_sleep": ms(20)},
+    )
 
 
 def kebab(name: str) -> str:
@@ -229,7 +230,7 @@ export default function submitThenEnd(how) {{
 async def test_submit_then_end_cancels_unawaited_members_before_finishing(
     start_engine: StartEngine, how: str
 ) -> None:
-    toml = ACTIVITIES + workflow("submitThenEnd", params='[{ name = "how", type = "string" }]')
+    toml = ACTIVITIES + workflow("submitThenEnd", params=[("how", "string")])
     engine = await start_engine(
         toml, files={"step.js": STEP_JS, "submitThenEnd.js": SUBMIT_THEN_END_JS}
     )
@@ -319,7 +320,7 @@ export default function parentOfWorkflows() {{
 async def test_close_awaits_child_workflows_and_cancels_cancellable_ones(
     start_engine: StartEngine, strategy: str
 ) -> None:
-    sleeper_params = '[{ name = "ms", type = "u32" }]'
+    sleeper_params = [("ms", "u32")]
     toml = (
         ACTIVITIES
         + workflow("parentOfWorkflows", function="parent-of-workflows", strategy=strategy)
@@ -679,14 +680,13 @@ export default function retyped() {{
 """
 
 
-def ans2_stub(param_type: str) -> str:
-    return f"""
-[[activity_stub]]
-name = "ans2"
-ffqn = "myapp:demo/stubs2.ans2"
-params = [{{ name = "q", type = "{param_type}" }}]
-return_type = "result<string, string>"
-"""
+def ans2_stub(param_type: str) -> Deployment:
+    return Deployment().activity_stub(
+        "myapp:demo/stubs2.ans2",
+        name="ans2",
+        params=[("q", param_type)],
+        return_type="result<string, string>",
+    )
 
 
 @pytest.mark.parametrize("strategy", ["await", "interrupt"])
@@ -1162,7 +1162,7 @@ export default function manySteps(n) {{
 
 async def test_a_busy_workflow_extends_its_short_lock(start_engine: StartEngine) -> None:
     toml = ACTIVITIES + workflow(
-        "manySteps", function="many-steps", params='[{ name = "n", type = "u32" }]', lock_ms=400
+        "manySteps", function="many-steps", params=[("n", "u32")], lock_ms=400
     )
     engine = await start_engine(toml, files={"step.js": STEP_JS, "manySteps.js": MANY_STEPS_JS})
     eid = await engine.submit(ffqn_of("many-steps"), [40])
@@ -1197,7 +1197,7 @@ export default function bursts(n) {{
 
 
 async def test_non_blocking_host_calls_extend_the_lock(start_engine: StartEngine) -> None:
-    toml = ACTIVITIES + workflow("bursts", params='[{ name = "n", type = "u32" }]', lock_ms=400)
+    toml = ACTIVITIES + workflow("bursts", params=[("n", "u32")], lock_ms=400)
     # Every clock reading moves time 10 ms on: 60 host calls span more than the 400 ms
     # lock however fast the machine computes, so the run must extend it.
     engine = await start_engine(

@@ -12,6 +12,7 @@ from engine.core import events as ev
 from engine.core.state import replay_stored
 from engine.storage.contract import ListFilter
 from tests.engine.conftest import StartEngine
+from tests.fixtures.deployments import Deployment, ParamSpec, ms, seconds
 
 STEP_JS = """
 export default function step(idx, sleepMillis) { return idx; }
@@ -71,29 +72,46 @@ export default function failing() {
 """
 
 
-def deployment(strategy: str = "await") -> str:
-    sections = """
-    [[activity_js]]
-    name = "step"
-    location = "step.js"
-    ffqn = "myapp:demo/activity.step"
-    params = [{ name = "idx", type = "u32" }, { name = "sleep-millis", type = "u32" }]
-    return_type = "result<u32, string>"
-    exec.tick_sleep.milliseconds = 20
-    """
+def deployment(strategy: str = "await", step_tick_sleep: bool = True) -> Deployment:
+    """`step_tick_sleep=False`: the step activity has the default tick (no 20 ms)."""
+    d = Deployment().activity_js(
+        "step",
+        None,  # step.js, in FILES
+        ffqn="myapp:demo/activity.step",
+        params=[("idx", "u32"), ("sleep-millis", "u32")],
+        return_type="result<u32, string>",
+        exec={"tick_sleep": ms(20)} if step_tick_sleep else None,
+    )
     for name in ("serial", "parallel", "sleepy"):
-        sections += f"""
-    [[workflow_js]]
-    name = "{name}"
-    location = "{name}.js"
-    ffqn = "myapp:demo/workflow.{name}"
-    params = []
-    return_type = "result<string, string>"
-    blocking_strategy = "{strategy}"
-    exec.lock_expiry.seconds = 2
-    exec.tick_sleep.milliseconds = 20
-    """
-    return sections
+        d.workflow_js(
+            name,
+            None,
+            ffqn=f"myapp:demo/workflow.{name}",
+            params=[],
+            return_type="result<string, string>",
+            blocking_strategy=strategy,
+            exec={"lock_expiry": seconds(2), "tick_sleep": ms(20)},
+        )
+    return d
+
+
+def extra_workflow(
+    name: str,
+    *,
+    params: list[ParamSpec] | None = None,
+    return_type: str = "result<string, string>",
+    strategy: str | None = None,
+) -> Deployment:
+    """One more `[[workflow_js]]`, `myapp:demo/workflow.<name>` in `<name>.js`."""
+    return Deployment().workflow_js(
+        name,
+        None,
+        ffqn=f"myapp:demo/workflow.{name}",
+        params=params or [],
+        return_type=return_type,
+        blocking_strategy=strategy,
+        exec={"tick_sleep": ms(20)},
+    )
 
 
 FILES = {
@@ -147,18 +165,7 @@ async def test_child_error_can_be_caught(start_engine: StartEngine) -> None:
             "step.js": "export default function step(i) { throw 'permanent-failure'; }",
         },
     )
-    toml = (
-        deployment()
-        + """
-    [[workflow_js]]
-    name = "failing"
-    location = "failing.js"
-    ffqn = "myapp:demo/workflow.failing"
-    params = []
-    return_type = "result<string, string>"
-    exec.tick_sleep.milliseconds = 20
-    """
-    )
+    toml = deployment() + extra_workflow("failing")
     engine = await start_engine(toml, files=files)
     eid = await engine.submit("myapp:demo/workflow.failing", [])
     assert await engine.result(eid, timeout=30) == ev.ResultOk("caught")
@@ -183,19 +190,7 @@ export default function logging() {
 async def test_log_lines_are_stored_once_however_often_the_run_is_replayed(
     start_engine: StartEngine, strategy: str
 ) -> None:
-    toml = (
-        deployment()
-        + f"""
-    [[workflow_js]]
-    name = "logging"
-    location = "logging.js"
-    ffqn = "myapp:demo/workflow.logging"
-    params = []
-    return_type = "result<string, string>"
-    blocking_strategy = "{strategy}"
-    exec.tick_sleep.milliseconds = 20
-    """
-    )
+    toml = deployment() + extra_workflow("logging", strategy=strategy)
     engine = await start_engine(toml, files=dict(FILES, **{"logging.js": LOGGING_JS}))
     eid = await engine.submit("myapp:demo/workflow.logging", [])
     assert await engine.result(eid, timeout=30) == ev.ResultOk("done")
@@ -212,17 +207,8 @@ async def test_thrown_values_are_checked_against_the_declared_err_type(
         FILES,
         **{"throws.js": "export default function throws(v) { throw v === 0 ? { code: 1 } : v; }"},
     )
-    toml = (
-        deployment()
-        + """
-    [[workflow_js]]
-    name = "throws"
-    location = "throws.js"
-    ffqn = "myapp:demo/workflow.throws"
-    params = [{ name = "v", type = "u32" }]
-    return_type = "result<string, u32>"
-    exec.tick_sleep.milliseconds = 20
-    """
+    toml = deployment() + extra_workflow(
+        "throws", params=[("v", "u32")], return_type="result<string, u32>"
     )
     engine = await start_engine(toml, files=files)
     good = await engine.submit("myapp:demo/workflow.throws", [7])
@@ -244,7 +230,7 @@ async def test_a_running_workflow_calls_activities_while_the_event_loop_is_block
     to the waiting workflow run (no loop hop on the path of a step)."""
     # No 20 ms tick: the activity executor waits with nothing due, so each child is
     # locked directly (a child created while it is between two waits would need the loop).
-    toml = deployment().replace("    exec.tick_sleep.milliseconds = 20\n", "", 1)
+    toml = deployment(step_tick_sleep=False)
     engine = await start_engine(toml, files=FILES)
     [activity] = [e for e in engine.executors if e.name == "step"]
     eid = await engine.submit("myapp:demo/workflow.serial", [])
@@ -272,7 +258,7 @@ async def test_children_are_locked_as_they_are_created_by_an_idle_executor(
     # The activity executor waits with nothing due: each child of the serial workflow is
     # locked for it in the transaction that creates it (no lock transaction of its own),
     # and runs and answers like any other.
-    toml = deployment().replace("    exec.tick_sleep.milliseconds = 20\n", "", 1)
+    toml = deployment(step_tick_sleep=False)
     engine = await start_engine(toml, files=FILES)
     [activity] = [e for e in engine.executors if e.name == "step"]
     eid = await engine.submit("myapp:demo/workflow.serial", [])
@@ -321,18 +307,17 @@ async def test_a_workflow_step_with_a_quick_activity_costs_one_commit(
     from tests.fixtures import components as fx
 
     fx.share_compiled_cache(tmp_path / "data")
-    toml = f"""
-    [[activity_wasm]]
-    name = "fixtures"
-    location = "{fx.activity_component()}"
-
-    [[workflow_js]]
-    name = "serial"
-    location = "serial.js"
-    ffqn = "testing:wf/workflows.serial"
-    params = [{{ name = "n", type = "u32" }}]
-    return_type = "result<u64, string>"
-    """
+    toml = (
+        Deployment()
+        .activity_wasm("fixtures", fx.activity_component())
+        .workflow_js(
+            "serial",
+            None,  # serial.js: ADD_SERIAL_JS
+            ffqn="testing:wf/workflows.serial",
+            params=[("n", "u32")],
+            return_type="result<u64, string>",
+        )
+    )
     engine = await start_engine(toml, files={"serial.js": ADD_SERIAL_JS})
     steps = 30
     before = dict(engine.storage.stats)

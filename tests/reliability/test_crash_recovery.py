@@ -18,6 +18,7 @@ import pytest
 
 from engine.core import events as ev
 from tests.fixtures.components import activity_component, ffqn
+from tests.fixtures.deployments import Deployment, ms
 from tests.reliability.conftest import (
     DB_NAME,
     ServerProcess,
@@ -60,32 +61,22 @@ def work(n: int) -> int:
 
 
 def write_deployment(directory: Path) -> Path:
-    (directory / "work.js").write_text(WORK_JS)
-    deployment = directory / "deployment.toml"
-    common = """
-retry_exp_backoff.milliseconds = 10
-exec.lock_expiry.milliseconds = 1000
-exec.tick_sleep.milliseconds = 50
-"""
-    deployment.write_text(
-        f"""
-[[activity_wasm]]
-name = "fixtures"
-location = "{activity_component()}"
-{common}
-[[activity_js]]
-name = "work"
-location = "work.js"
-export = "work"
-ffqn = "{WORK_FFQN}"
-params = [{{ name = "n", type = "u32" }}]
-return_type = "result<u32, string>"
-exec.max_inflight = 4
-exec.batch_size = 4
-{common}
-"""
+    common = {"lock_expiry": ms(1000), "tick_sleep": ms(50)}
+    return (
+        Deployment()
+        .activity_wasm("fixtures", activity_component(), retry_exp_backoff=ms(10), exec=common)
+        .activity_js(
+            "work",
+            WORK_JS,
+            export="work",
+            ffqn=WORK_FFQN,
+            params=[("n", "u32")],
+            return_type="result<u32, string>",
+            retry_exp_backoff=ms(10),
+            exec={"max_inflight": 4, "batch_size": 4, **common},
+        )
+        .write(directory)
     )
-    return deployment
 
 
 def submissions(rng: random.Random) -> list[Submission]:

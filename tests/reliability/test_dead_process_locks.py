@@ -17,6 +17,7 @@ import pytest
 
 from engine.core import events as ev
 from engine.storage.postgres import PostgresStorage
+from tests.fixtures.deployments import Deployment, ms, seconds
 from tests.pg_cluster import drop_schema, schema_dsn
 from tests.reliability.conftest import (
     DB_NAME,
@@ -46,37 +47,39 @@ WORK_JS = """
 import { spin } from "testing:dead/activity";
 export default function work(ms) { return Number(spin(ms)); }
 """
-DEPLOYMENT = """
-[[activity_js]]
-name = "spin"
-location = "spin.js"
-ffqn = "testing:dead/activity.spin"
-params = [{ name = "ms", type = "u32" }]
-return_type = "result<u32, string>"
-retry_exp_backoff.milliseconds = 10
-exec.lock_expiry.seconds = 3600
-
-[[activity_stub]]
-ffqn = "testing:dead/approval.approve"
-params = [{ name = "order", type = "string" }]
-return_type = "result<bool, string>"
-
-[[workflow_js]]
-name = "order"
-location = "order.js"
-ffqn = "testing:dead/workflows.order"
-params = [{ name = "order", type = "string" }]
-return_type = "result<string, string>"
-exec.lock_expiry.seconds = 3600
-
-[[workflow_js]]
-name = "work"
-location = "work.js"
-ffqn = "testing:dead/workflows.work"
-params = [{ name = "ms", type = "u32" }]
-return_type = "result<u32, string>"
-exec.lock_expiry.seconds = 3600
-"""
+DEPLOYMENT = (
+    Deployment()
+    .activity_js(
+        "spin",
+        SPIN_JS,
+        ffqn="testing:dead/activity.spin",
+        params=[("ms", "u32")],
+        return_type="result<u32, string>",
+        retry_exp_backoff=ms(10),
+        exec={"lock_expiry": seconds(3600)},
+    )
+    .activity_stub(
+        "testing:dead/approval.approve",
+        params=[("order", "string")],
+        return_type="result<bool, string>",
+    )
+    .workflow_js(
+        "order",
+        ORDER_JS,
+        ffqn="testing:dead/workflows.order",
+        params=[("order", "string")],
+        return_type="result<string, string>",
+        exec={"lock_expiry": seconds(3600)},
+    )
+    .workflow_js(
+        "work",
+        WORK_JS,
+        ffqn="testing:dead/workflows.work",
+        params=[("ms", "u32")],
+        return_type="result<u32, string>",
+        exec={"lock_expiry": seconds(3600)},
+    )
+)
 
 
 class Database:
@@ -192,10 +195,7 @@ def stub(url: str, execution_id: str, result: object) -> None:
 def test_a_restarted_server_releases_what_the_killed_one_held_at_once(
     tmp_path: Path, servers: list[ServerProcess], database: Database
 ) -> None:
-    for name, source in (("spin.js", SPIN_JS), ("order.js", ORDER_JS), ("work.js", WORK_JS)):
-        (tmp_path / name).write_text(source)
-    deployment = tmp_path / "deployment.toml"
-    deployment.write_text(DEPLOYMENT)
+    deployment = DEPLOYMENT.write(tmp_path)
     data_dir = tmp_path / "data"
     db = database
     args = database.server_args

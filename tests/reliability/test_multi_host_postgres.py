@@ -30,6 +30,7 @@ import pytest
 from engine.core import events as ev
 from engine.storage.contract import ListFilter
 from engine.storage.postgres import PostgresStorage
+from tests.fixtures.deployments import Deployment, ms
 from tests.pg_cluster import Cluster, ClusterUnavailable, create_cluster, postgres_required
 from tests.reliability.conftest import (
     ExecutionLog,
@@ -57,47 +58,44 @@ SERIAL = "testing:multi/workflows-interrupt.serial"
 
 
 def write_deployment(directory: Path) -> Path:
-    (directory / "step.js").write_text(STEP_JS)
-    (directory / "parallel.js").write_text(parallel_js(STEP_EXT_IFC))
-    (directory / "serial.js").write_text(serial_js(STEP_IFC))
-    deployment = directory / "deployment.toml"
-    deployment.write_text(
-        f"""
-[[activity_js]]
-name = "step"
-location = "step.js"
-ffqn = "{STEP}"
-params = [{{ name = "idx", type = "u32" }}, {{ name = "sleep-millis", type = "u32" }}]
-return_type = "result<u32, string>"
-max_retries = 1000                   # retries are for the SIGKILL, never let them run out
-retry_exp_backoff.milliseconds = 10
-exec.lock_expiry.milliseconds = 1500
-exec.tick_sleep.milliseconds = 100
-exec.max_inflight = 4
-exec.batch_size = 4
-
-[[workflow_js]]
-name = "parallel"
-location = "parallel.js"
-ffqn = "{PARALLEL}"
-params = [{{ name = "base", type = "u32" }}, {{ name = "n", type = "u32" }}]
-return_type = "result<u32, string>"
-blocking_strategy = "await"
-exec.lock_expiry.milliseconds = 2000
-exec.tick_sleep.milliseconds = 100
-
-[[workflow_js]]
-name = "serial"
-location = "serial.js"
-ffqn = "{SERIAL}"
-params = [{{ name = "base", type = "u32" }}, {{ name = "n", type = "u32" }}]
-return_type = "result<u32, string>"
-blocking_strategy = "interrupt"
-exec.lock_expiry.milliseconds = 2000
-exec.tick_sleep.milliseconds = 100
-"""
+    workflow_exec = {"lock_expiry": ms(2000), "tick_sleep": ms(100)}
+    return (
+        Deployment()
+        .activity_js(
+            "step",
+            STEP_JS,
+            ffqn=STEP,
+            params=[("idx", "u32"), ("sleep-millis", "u32")],
+            return_type="result<u32, string>",
+            max_retries=1000,  # retries are for the SIGKILL, never let them run out
+            retry_exp_backoff=ms(10),
+            exec={
+                "lock_expiry": ms(1500),
+                "tick_sleep": ms(100),
+                "max_inflight": 4,
+                "batch_size": 4,
+            },
+        )
+        .workflow_js(
+            "parallel",
+            parallel_js(STEP_EXT_IFC),
+            ffqn=PARALLEL,
+            params=[("base", "u32"), ("n", "u32")],
+            return_type="result<u32, string>",
+            blocking_strategy="await",
+            exec=workflow_exec,
+        )
+        .workflow_js(
+            "serial",
+            serial_js(STEP_IFC),
+            ffqn=SERIAL,
+            params=[("base", "u32"), ("n", "u32")],
+            return_type="result<u32, string>",
+            blocking_strategy="interrupt",
+            exec=workflow_exec,
+        )
+        .write(directory)
     )
-    return deployment
 
 
 # ---------------------------------------------------------------------------------------

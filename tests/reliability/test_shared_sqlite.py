@@ -16,6 +16,7 @@ import pytest
 
 from engine.core import events as ev
 from tests.fixtures.components import activity_component, ffqn
+from tests.fixtures.deployments import Deployment, ms
 from tests.reliability.conftest import (
     DB_NAME,
     ServerProcess,
@@ -36,18 +37,16 @@ N = 500
 
 
 def write_deployment(directory: Path) -> Path:
-    deployment = directory / "deployment.toml"
-    deployment.write_text(
-        f"""
-[[activity_wasm]]
-name = "fixtures"
-location = "{activity_component()}"
-retry_exp_backoff.milliseconds = 10
-exec.lock_expiry.milliseconds = 1000
-exec.tick_sleep.milliseconds = 20
-"""
+    return (
+        Deployment()
+        .activity_wasm(
+            "fixtures",
+            activity_component(),
+            retry_exp_backoff=ms(10),
+            exec={"lock_expiry": ms(1000), "tick_sleep": ms(20)},
+        )
+        .write(directory)
     )
-    return deployment
 
 
 def test_two_engines_on_one_sqlite_file_run_each_execution_once(

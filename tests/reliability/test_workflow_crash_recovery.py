@@ -22,6 +22,7 @@ import pytest
 
 from engine.core import events as ev
 from engine.core.state import IllegalAppend, replay_stored
+from tests.fixtures.deployments import Deployment, ms
 from tests.reliability.conftest import (
     DB_NAME,
     ExecutionLog,
@@ -164,45 +165,44 @@ def executions_of(ffqn: str, n: int) -> int:
 
 
 def write_deployment(directory: Path) -> Path:
-    (directory / "step.js").write_text(STEP_JS)
-    sections = f"""
-[[activity_js]]
-name = "step"
-location = "step.js"
-ffqn = "{STEP}"
-params = [{{ name = "idx", type = "u32" }}, {{ name = "sleep-millis", type = "u32" }}]
-return_type = "result<u32, string>"
-# Retries are for the SIGKILLs (a killed run is retried after its lock expires), not for
-# the step itself, which always succeeds: never let them run out.
-max_retries = 1000
-retry_exp_backoff.milliseconds = 10
-exec.lock_expiry.milliseconds = 1000
-exec.tick_sleep.milliseconds = 50
-# Each JS run is a fresh sandbox (~15 ms of CPU): a few at a time on a small machine,
-# so that a step is not timed out by the load itself.
-exec.max_inflight = 4
-exec.batch_size = 4
-"""
+    d = Deployment().activity_js(
+        "step",
+        STEP_JS,
+        ffqn=STEP,
+        params=[("idx", "u32"), ("sleep-millis", "u32")],
+        return_type="result<u32, string>",
+        # Retries are for the SIGKILLs (a killed run is retried after its lock expires),
+        # not for the step itself, which always succeeds: never let them run out.
+        max_retries=1000,
+        retry_exp_backoff=ms(10),
+        exec={
+            "lock_expiry": ms(1000),
+            "tick_sleep": ms(50),
+            # Each JS run is a fresh sandbox (~15 ms of CPU): a few at a time on a small
+            # machine, so that a step is not timed out by the load itself.
+            "max_inflight": 4,
+            "batch_size": 4,
+        },
+    )
     for ffqn, file, source, strategy in WORKFLOWS:
-        (directory / file).write_text(source)
-        name = ffqn.replace(":", "-").replace("/", "-").replace(".", "-")
-        sections += f"""
-[[workflow_js]]
-name = "{name}"
-location = "{file}"
-ffqn = "{ffqn}"
-params = [{{ name = "base", type = "u32" }}, {{ name = "n", type = "u32" }}]
-return_type = "result<u32, string>"
-blocking_strategy = "{strategy}"
-# About a restart's duration: the dead server's locks have expired when the new one is
-# up; an `await` run waiting longer than this for a child is unloaded (replayed later).
-exec.lock_expiry.milliseconds = 2000
-exec.tick_sleep.milliseconds = 50
-exec.batch_size = 16
-"""
-    deployment = directory / "deployment.toml"
-    deployment.write_text(sections)
-    return deployment
+        d.workflow_js(
+            ffqn.replace(":", "-").replace("/", "-").replace(".", "-"),
+            source,
+            location=file,
+            ffqn=ffqn,
+            params=[("base", "u32"), ("n", "u32")],
+            return_type="result<u32, string>",
+            blocking_strategy=strategy,
+            exec={
+                # About a restart's duration: the dead server's locks have expired when the
+                # new one is up; an `await` run waiting longer than this for a child is
+                # unloaded (replayed later).
+                "lock_expiry": ms(2000),
+                "tick_sleep": ms(50),
+                "batch_size": 16,
+            },
+        )
+    return d.write(directory)
 
 
 def submissions(rng: random.Random) -> list[Submission]:

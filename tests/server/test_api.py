@@ -22,30 +22,27 @@ from engine.core.records import LogLine
 from engine.engine import Engine
 from engine.server.api import make_app, openapi_document
 from engine.storage.contract import CreateRequest, ListFilter
+from tests.fixtures.deployments import Deployment, seconds
 
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 APPROVE = "myapp:demo/approval.approve"
 COUNT = "myapp:demo/approval.count"
 
-DEPLOYMENT = f"""
-[[activity_stub]]
-ffqn = "{APPROVE}"
-params = [{{ name = "order", type = "string" }}]
-return_type = "result<bool, string>"
-
-[[activity_stub]]
-name = "counter"
-ffqn = "{COUNT}"
-params = [{{ name = "n", type = "u32" }}, {{ name = "tags", type = "list<string>" }}]
-return_type = "result<u32, string>"
-"""
+DEPLOYMENT = (
+    Deployment()
+    .activity_stub(APPROVE, params=[("order", "string")], return_type="result<bool, string>")
+    .activity_stub(
+        COUNT,
+        name="counter",
+        params=[("n", "u32"), ("tags", "list<string>")],
+        return_type="result<u32, string>",
+    )
+)
 
 
 def write_deployment(directory: Path) -> Path:
-    path = directory / "deployment.toml"
-    path.write_text(DEPLOYMENT)
-    return path
+    return DEPLOYMENT.write(directory)
 
 
 @pytest.fixture
@@ -638,10 +635,12 @@ async def test_unexpected_error_is_500_without_traceback(
 async def wasm_client(tmp_path: Path) -> AsyncIterator[TestClient[Any, Any]]:
     from tests.fixtures.components import activity_component
 
-    deployment = tmp_path / "deployment.toml"
-    deployment.write_text(
-        f'[[activity_wasm]]\nname = "fixtures"\nlocation = "{activity_component()}"\n'
-        "max_retries = 0\nexec.lock_expiry.seconds = 2\n"
+    deployment = (
+        Deployment()
+        .activity_wasm(
+            "fixtures", activity_component(), max_retries=0, exec={"lock_expiry": seconds(2)}
+        )
+        .write(tmp_path)
     )
     e = await Engine.start(deployment, tmp_path / "data")
     try:
@@ -702,21 +701,17 @@ export default function checkout(order) {
   return approve(order) ? "approved" : "rejected";
 }
 """
-WORKFLOW_DEPLOYMENT = f"""
-[[workflow_js]]
-name = "checkout"
-location = "checkout.js"
-ffqn = "{CHECKOUT}"
-params = [{{ name = "order", type = "string" }}]
-return_type = "result<string, string>"
-"""
+WORKFLOW_DEPLOYMENT = DEPLOYMENT + Deployment().workflow_js(
+    "checkout",
+    CHECKOUT_JS,
+    ffqn=CHECKOUT,
+    params=[("order", "string")],
+    return_type="result<string, string>",
+)
 
 
 def write_workflow_deployment(directory: Path) -> Path:
-    (directory / "checkout.js").write_text(CHECKOUT_JS)
-    path = write_deployment(directory)
-    path.write_text(path.read_text() + WORKFLOW_DEPLOYMENT)
-    return path
+    return WORKFLOW_DEPLOYMENT.write(directory)
 
 
 @pytest.fixture
