@@ -26,6 +26,7 @@ from engine.runtimes.api import (
 from engine.runtimes.digests import typed_digest
 from engine.runtimes.kinds import register_kind, sections, unregister_kind
 from tests.engine.conftest import StartEngine
+from tests.fixtures.deployments import Deployment, TomlValue, ms
 
 
 class EchoRunner:
@@ -75,23 +76,6 @@ def echo_kind() -> Iterator[ActivityEcho]:
         unregister_kind(kind.section)
 
 
-DEPLOYMENT = """
-[[activity_echo]]
-name = "echo"
-ffqn = "test:kinds/echo.say"
-params = [{ name = "what", type = "string" }]
-return_type = "result<string, string>"
-env_vars = [{ key = "PREFIX", value = "echo: " }]
-exec.tick_sleep.milliseconds = 20
-
-[[workflow_js]]
-name = "twice"
-location = "twice.js"
-ffqn = "test:kinds/workflow.twice"
-params = [{ name = "what", type = "string" }]
-return_type = "result<string, string>"
-"""
-
 TWICE_JS = """
 import { say } from "test:kinds/echo";
 
@@ -101,11 +85,34 @@ export default function twice(what) {
 """
 
 
+def deployment(**echo_keys: TomlValue) -> Deployment:
+    return (
+        Deployment()
+        .section(
+            "activity_echo",
+            name="echo",
+            ffqn="test:kinds/echo.say",
+            params=[{"name": "what", "type": "string"}],
+            return_type="result<string, string>",
+            env_vars=[{"key": "PREFIX", "value": "echo: "}],
+            exec={"tick_sleep": ms(20)},
+            **echo_keys,
+        )
+        .workflow_js(
+            "twice",
+            TWICE_JS,
+            ffqn="test:kinds/workflow.twice",
+            params=[("what", "string")],
+            return_type="result<string, string>",
+        )
+    )
+
+
 async def test_a_kind_registered_by_a_test_runs_end_to_end(
     start_engine: StartEngine, echo_kind: ActivityEcho
 ) -> None:
     assert "activity_echo" in sections()
-    engine = await start_engine(DEPLOYMENT, files={"twice.js": TWICE_JS})
+    engine = await start_engine(deployment())
     eid = await engine.submit("test:kinds/echo.say", ["hi"])
     assert await engine.result(eid, timeout=10) == ev.ResultOk("echo: hi")
     summary = await engine.storage.get_summary(eid)
@@ -121,9 +128,9 @@ async def test_a_kind_registered_by_a_test_runs_end_to_end(
 
 async def test_an_unregistered_kind_is_an_unknown_section(start_engine: StartEngine) -> None:
     with pytest.raises(DeploymentError, match="unknown section `activity_echo`"):
-        await start_engine(DEPLOYMENT, files={"twice.js": TWICE_JS})
+        await start_engine(deployment())
 
 
 async def test_a_kind_checks_its_keys(start_engine: StartEngine, echo_kind: ActivityEcho) -> None:
     with pytest.raises(DeploymentError, match=r"\[\[activity_echo\]\] #1 \"echo\", key `location`"):
-        await start_engine(DEPLOYMENT.replace('name = "echo"', 'name = "echo"\nlocation = "x"'))
+        await start_engine(deployment(location="x"))
