@@ -40,7 +40,11 @@ async def test_an_exception_in_a_screen_is_shown_and_the_engine_keeps_running(
         await app.push_screen(_BrokenScreen())
         await until(pilot, lambda: len(app.screen_errors) >= 1, what="the timer's error")
         # Shown to the operator (a toast), not only logged.
-        assert any("a bug in a timer" in str(n.message) for n in app._notifications)
+        await until(
+            pilot,
+            lambda: any("a bug in a timer" in str(n.message) for n in app._notifications),
+            what="the error's toast",
+        )
         if isinstance(app.screen, _BrokenScreen):
             await pilot.press("x")
             await until(pilot, lambda: len(app.screen_errors) >= 2, what="the action's error")
