@@ -124,45 +124,11 @@ def validate_json(value: Any, t: WitType, path: str = "params[0]") -> Any:
         case WitOption(inner=inner):
             return None if value is None else validate_json(value, inner, path)
         case WitResult(ok=ok, err=err):
-            key, payload = _single_key(value, path, t, '{"ok": ...} or {"err": ...}')
-            if key not in ("ok", "err"):
-                raise WitValueError(
-                    path, f'expected {{"ok": ...}} or {{"err": ...}}, got key {key!r}'
-                )
-            side = ok if key == "ok" else err
-            if side is None:
-                if payload is not None:
-                    raise WitValueError(
-                        f"{path}.{key}",
-                        f"expected null ({key} has no payload), got {_describe(payload)}",
-                    )
-                return {key: None}
-            return {key: validate_json(payload, side, f"{path}.{key}")}
+            return _validate_result(value, t, ok, err, path)
         case WitRecord(fields=fields):
             return _validate_record(value, t, fields, path)
         case WitVariant(cases=cases):
-            case_types = dict(cases)
-            if isinstance(value, str):
-                name, payload, has_payload = value, None, False
-            else:
-                name, payload = _single_key(value, path, t, '"case" or {"case": payload}')
-                has_payload = True
-            if name not in case_types:
-                raise WitValueError(
-                    path, f"unknown case {name!r}, expected one of: {', '.join(case_types)}"
-                )
-            ct = case_types[name]
-            if ct is None:
-                if payload is not None:
-                    raise WitValueError(
-                        f"{path}.{name}", f"case {name!r} has no payload, got {_describe(payload)}"
-                    )
-                return name
-            if not has_payload:
-                raise WitValueError(
-                    path, f"case {name!r} needs a payload: {{{json.dumps(name)}: ...}}"
-                )
-            return {name: validate_json(payload, ct, f"{path}.{name}")}
+            return _validate_variant(value, t, cases, path)
         case WitEnum(cases=names):
             if not isinstance(value, str) or value not in names:
                 raise WitValueError(
@@ -217,6 +183,48 @@ def _validate_primitive(value: Any, t: WitType, name: str, path: str) -> Any:
             raise WitValueError(path, "expected string, got a lone surrogate") from None
         return value
     raise TypeError(f"unknown primitive {name!r}")
+
+
+def _validate_result(
+    value: Any, t: WitType, ok: WitType | None, err: WitType | None, path: str
+) -> Any:
+    key, payload = _single_key(value, path, t, '{"ok": ...} or {"err": ...}')
+    if key not in ("ok", "err"):
+        raise WitValueError(path, f'expected {{"ok": ...}} or {{"err": ...}}, got key {key!r}')
+    side = ok if key == "ok" else err
+    if side is None:
+        if payload is not None:
+            raise WitValueError(
+                f"{path}.{key}",
+                f"expected null ({key} has no payload), got {_describe(payload)}",
+            )
+        return {key: None}
+    return {key: validate_json(payload, side, f"{path}.{key}")}
+
+
+def _validate_variant(
+    value: Any, t: WitType, cases: tuple[tuple[str, WitType | None], ...], path: str
+) -> Any:
+    case_types = dict(cases)
+    if isinstance(value, str):
+        name, payload, has_payload = value, None, False
+    else:
+        name, payload = _single_key(value, path, t, '"case" or {"case": payload}')
+        has_payload = True
+    if name not in case_types:
+        raise WitValueError(
+            path, f"unknown case {name!r}, expected one of: {', '.join(case_types)}"
+        )
+    ct = case_types[name]
+    if ct is None:
+        if payload is not None:
+            raise WitValueError(
+                f"{path}.{name}", f"case {name!r} has no payload, got {_describe(payload)}"
+            )
+        return name
+    if not has_payload:
+        raise WitValueError(path, f"case {name!r} needs a payload: {{{json.dumps(name)}: ...}}")
+    return {name: validate_json(payload, ct, f"{path}.{name}")}
 
 
 def _validate_record(

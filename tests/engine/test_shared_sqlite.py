@@ -20,7 +20,7 @@ import pytest
 from engine.core import events as ev
 from engine.core.state import BlockedByJoinSet
 from engine.engine import Engine
-from engine.executors import replay_host as host_module
+from engine.executors import replay_log as host_module
 from engine.storage.sqlite import SqliteStorage
 from engine.storage.sqlite import peers as sqlite_peers
 from tests.engine.test_workflow_semantics import (

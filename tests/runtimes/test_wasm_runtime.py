@@ -17,13 +17,15 @@ import pytest
 from engine import wat_build
 from engine.build_components import REPO_ROOT, ensure_built
 from engine.runtimes.js.workflow import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap
-from engine.runtimes.wasm import workflow as wr
+from engine.runtimes.wasm import workflow_host_functions as wr
+from engine.runtimes.wasm import workflow_wit as wit
 from engine.runtimes.wasm.activity import WasmEngine
 from engine.runtimes.wasm.workflow import (
     WORKFLOW_SUPPORT_IFC,
     WasmWorkflowLoadError,
     WasmWorkflowRunner,
 )
+from engine.runtimes.wasm.workflow_run import GuestError, WorkflowRun
 from engine.wat_build import REALLOC_WAT
 from engine.wit.codec import json_to_wasmtime, wasmtime_to_json
 from engine.wit.types import FunctionSignature, WitResult, parse_wit_type
@@ -560,12 +562,12 @@ def test_demo_wit_is_the_engines() -> None:
 def support(name: str, host: FakeHost, *args: Any) -> Any:
     """Call a `workflow-support` host function outside wasm; its result as §9.2 JSON."""
     result_types = {
-        "call-json": wr._CALL_JSON_RESULT,
-        "get-result-json": wr._GET_RESULT_JSON_RESULT,
-        "stub-json": wr._STUB_JSON_RESULT,
-        "schedule-json": wr._DYNAMIC_ID_RESULT,
+        "call-json": wit.CALL_JSON_RESULT,
+        "get-result-json": wit.GET_RESULT_JSON_RESULT,
+        "stub-json": wit.STUB_JSON_RESULT,
+        "schedule-json": wit.DYNAMIC_ID_RESULT,
     }
-    value = wr._SUPPORT[name](wr._Run(host, None), None, *args)
+    value = wr._SUPPORT[name](WorkflowRun(host, None), None, *args)
     return wasmtime_to_json(value, result_types[name])
 
 
@@ -578,7 +580,7 @@ def function(ffqn: str) -> Any:
 
 
 def execution_id(value: str) -> Any:
-    return json_to_wasmtime({"id": value}, wr.EXECUTION_ID)
+    return json_to_wasmtime({"id": value}, wit.EXECUTION_ID)
 
 
 def test_dynamic_call_errors() -> None:
@@ -592,7 +594,7 @@ def test_dynamic_call_errors() -> None:
     }
     assert "not JSON" in support("call-json", host, function(ADD), "[")["err"]["type-check-error"]
     scheduled = support(
-        "schedule-json", host, wr._to_guest("now", wr.SCHEDULE_AT, "x"), function(ADD), "[1, 2]"
+        "schedule-json", host, wr._to_guest("now", wit.SCHEDULE_AT, "x"), function(ADD), "[1, 2]"
     )
     assert scheduled == {"ok": {"id": "E_SCHEDULED000000000000001"}}
 
@@ -634,7 +636,7 @@ def test_child_failure_that_the_err_type_cannot_hold() -> None:
     returns = parse_wit_type("result<u32, u32>")
     assert isinstance(returns, WitResult)
     failure = {"execution_failure": {"kind": "cancelled", "reason": "", "detail": None}}
-    with pytest.raises(wr._GuestError, match=r"child ended in an execution failure \(cancelled\)"):
+    with pytest.raises(GuestError, match=r"child ended in an execution failure \(cancelled\)"):
         wr._typed_result(failure, returns, "child")
     assert wr._typed_result(failure, WitResult(ok=returns.ok), "child") == {"err": None}
 
