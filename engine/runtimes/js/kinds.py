@@ -60,10 +60,11 @@ class ActivityJs(_JsKind):
         # The runtime is imported when a component of the kind is loaded, not with the
         # registry: parsing a deployment file stays cheap.
         from engine.runtimes.js import activity as js_activity
+        from engine.runtimes.js.network import parse_allowed_hosts
 
         source = data.decode("utf-8", errors="replace")
         try:
-            js_activity.parse_allowed_hosts(list(config.allowed_hosts))
+            parse_allowed_hosts(list(config.allowed_hosts))
         except ValueError as e:
             raise DeploymentError(f"{config.section}, key `allowed_host`: {e}") from None
         try:
