@@ -572,7 +572,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     top = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    # server
+    _add_server_commands(top)
+    _add_execution_commands(top, [common, json_flag])
+    _add_other_commands(top, [common, json_flag])
+    return parser
+
+
+def _add_server_commands(top: Any) -> None:
+    """`obelisk server run|verify`."""
     server = top.add_parser("server", help="run the engine and its API")
     server_sub = server.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     run = server_sub.add_parser("run", help="run the engine and the REST API until stopped")
@@ -637,7 +644,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(handler=cmd_server_verify)
 
-    # execution
+
+def _add_execution_commands(top: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """`obelisk execution …`: submit, list, status, result, events, responses, logs,
+    pause, unpause, cancel, stub, persist-backtraces."""
+    common, json_flag = parents
     execution = top.add_parser("execution", help="submit and inspect executions")
     ex = execution.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     p = ex.add_parser(
@@ -738,7 +749,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     p.set_defaults(handler=cmd_persist_backtraces)
 
-    # delay
+
+def _add_other_commands(top: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """`obelisk delay cancel`, `obelisk component list`, `obelisk deployment status`."""
+    common, json_flag = parents
     delay = top.add_parser("delay", help="delays (timers) of workflows")
     delay_sub = delay.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     p = delay_sub.add_parser(
@@ -767,7 +781,6 @@ def build_parser() -> argparse.ArgumentParser:
         "functions whose executions wait (exit 1 when it failed)",
     )
     p.set_defaults(handler=cmd_deployment_status)
-    return parser
 
 
 def _positive_int(text: str) -> int:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from textual import work
-from textual._context import active_message_pump
+from textual._context import active_message_pump  # noqa: PLC2701 (textual internals, version pinned)
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.dom import DOMNode

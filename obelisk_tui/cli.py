@@ -266,7 +266,7 @@ async def _serve_web(
 
     from engine.errors import DeploymentError, StorageError
     from engine.processes import HelperError
-    from engine.server.run import _url, start_server
+    from engine.server.run import http_url, start_server
     from obelisk_tui.serve import ConsoleServer
 
     logging.basicConfig(
@@ -312,7 +312,9 @@ async def _serve_web(
             await engine_server.stop()
         return 1
     print(f"API of the shared engine: {api_url}", flush=True)
-    print(f"Console in the browser: {_url(host, port)}/?token={token}  (ctrl+c stops)", flush=True)
+    print(
+        f"Console in the browser: {http_url(host, port)}/?token={token}  (ctrl+c stops)", flush=True
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -79,7 +79,7 @@ def _library() -> ctypes.PyDLL | None:
     global _pydll
     if _pydll is None:
         try:
-            from wasmtime import _ffi as ffi
+            from wasmtime import _ffi as ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
 
             _pydll = ctypes.PyDLL(ffi.dll._name)
         except (ImportError, AttributeError, OSError) as e:  # pragma: no cover
@@ -91,7 +91,7 @@ def _library() -> ctypes.PyDLL | None:
 def quick(name: str) -> Any | None:
     """A binding of wasmtime's C function `name` that keeps the GIL, with wasmtime-py's
     signature; None when this wasmtime-py version has no such function."""
-    from wasmtime import _bindings as bindings
+    from wasmtime import _bindings as bindings  # noqa: PLC2701 (wasmtime internals, version pinned)
 
     library = _library()
     current = getattr(bindings, f"_{name}", None)
@@ -108,7 +108,7 @@ def keep_gil() -> None:
     global _installed
     if _installed:
         return
-    from wasmtime import _bindings as bindings
+    from wasmtime import _bindings as bindings  # noqa: PLC2701 (wasmtime internals, version pinned)
 
     for name in QUICK_C_FUNCTIONS:
         fn = quick(name)

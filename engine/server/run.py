@@ -68,7 +68,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _url(host: str, port: int) -> str:
+def http_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
@@ -87,7 +87,7 @@ class RunningServer:
 
     @property
     def url(self) -> str:
-        return _url(self.host, self.port)
+        return http_url(self.host, self.port)
 
     async def stop(self) -> None:
         try:
@@ -161,7 +161,7 @@ class CannotListen(Exception):
     def __init__(self, host: str, port: int, cause: OSError) -> None:
         busy = cause.errno == errno.EADDRINUSE
         reason = "address already in use" if busy else (cause.strerror or str(cause))
-        super().__init__(f"cannot listen on {_url(host, port)}: {reason}")
+        super().__init__(f"cannot listen on {http_url(host, port)}: {reason}")
 
 
 def _listening_sockets(host: str, port: int) -> list[socket.socket]:

@@ -14,7 +14,7 @@ from textual import events
 from textual.app import ComposeResult
 from textual.widget import Widget
 from textual.widgets import Footer
-from textual.widgets._footer import FooterKey
+from textual.widgets._footer import FooterKey  # noqa: PLC2701 (textual internals, version pinned)
 
 #: Dropped first to last when the keys do not fit; then the rest from the right.
 #: `PALETTE` stands for the `^p palette` key docked on the right.

@@ -156,8 +156,8 @@ def preload_compiled_quickjs(cache_dir: Path) -> None:
     """Put QuickJS's compiled module in quickjs-rs's process-wide artifact cache, from the
     disk cache when it is there. Uses quickjs-rs internals (the version is pinned)."""
     import wasmtime
-    from quickjs_rs import _engine as qjs_engine
-    from quickjs_rs import _wasmtime as qjs_wasmtime
+    from quickjs_rs import _engine as qjs_engine  # noqa: PLC2701 (quickjs_rs internals, version pinned)
+    from quickjs_rs import _wasmtime as qjs_wasmtime  # noqa: PLC2701 (quickjs_rs internals, version pinned)
 
     from engine.runtimes.wasm.activity import cache_tag, write_atomically
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from quickjs_rs import Runtime
-from quickjs_rs import _engine as qjs_engine
+from quickjs_rs import _engine as qjs_engine  # noqa: PLC2701 (quickjs_rs internals, version pinned)
 
 from engine.runtimes.gil import memmove_keeping_gil
 

@@ -20,8 +20,8 @@ import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from wasmtime import _ffi as wasmtime_ffi
-from wasmtime._extern import wrap_extern
+from wasmtime import _ffi as wasmtime_ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
+from wasmtime._extern import wrap_extern  # noqa: PLC2701 (wasmtime internals, version pinned)
 
 from engine.runtimes.gil import _library, memmove_keeping_gil, quick
 
@@ -71,8 +71,8 @@ _QUICK_EXPORTS = frozenset(
 @functools.cache
 def _call_bindings() -> dict[str, Any]:
     """What every instance's `c` needs, looked up once per process."""
-    import wasmtime._func as wasmtime_func
-    from quickjs_rs import _engine as qjs_engine
+    import wasmtime._func as wasmtime_func  # noqa: PLC2701 (wasmtime internals, version pinned)
+    from quickjs_rs import _engine as qjs_engine  # noqa: PLC2701 (quickjs_rs internals, version pinned)
     from wasmtime import Trap, ValType, WasmtimeError
 
     func_call = wasmtime_ffi.wasmtime_func_call
@@ -217,7 +217,7 @@ def _fast_memory(inst: Any) -> None:
     build a new ctypes array type per call and copy twice; this asks for the base
     address and the size (GIL-keeping calls) and copies once. The base is asked for at
     every access: the memory may grow and move. Same bounds checks and errors."""
-    from quickjs_rs._engine import QuickJSError as GuestMemoryError  # as `inst.read` raises
+    from quickjs_rs._engine import QuickJSError as GuestMemoryError  # as `inst.read` raises  # noqa: PLC2701 (quickjs_rs internals, version pinned)
 
     bindings = _memory_bindings()
     if bindings is None:
@@ -292,7 +292,7 @@ class LazyExports(Mapping[str, Any]):
 
     def _everything(self) -> Any:
         if self._all is None:
-            from wasmtime._instance import InstanceExports
+            from wasmtime._instance import InstanceExports  # noqa: PLC2701 (wasmtime internals, version pinned)
 
             self._all = InstanceExports(self._store, self._instance)
         return self._all
@@ -308,8 +308,8 @@ def install_lazy_exports() -> bool:
     """Make quickjs-rs instantiate its sandboxes with `LazyExports` (idempotent; False
     when this quickjs-rs does not instantiate the way 0.2.6 does)."""
     try:
-        from quickjs_rs import _engine as qjs_engine
-        from quickjs_rs import _wasmtime as qjs_wasmtime
+        from quickjs_rs import _engine as qjs_engine  # noqa: PLC2701 (quickjs_rs internals, version pinned)
+        from quickjs_rs import _wasmtime as qjs_wasmtime  # noqa: PLC2701 (quickjs_rs internals, version pinned)
     except ImportError:
         return False
     current = vars(qjs_engine).get("instantiate_wasm_artifact")

@@ -77,7 +77,7 @@ from typing import Any
 
 import wasmtime
 from wasmtime import WasmtimeError
-from wasmtime import _ffi as ffi
+from wasmtime import _ffi as ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
 from wasmtime import component as wc
 
 from engine.runtimes.outcome import (
