@@ -14,6 +14,7 @@ from pathlib import Path
 
 from engine.core.ids import new_executor_id
 from engine.storage.contract import Storage
+from engine.storage.sharded import ShardedStorage
 from engine.storage.sqlite import SqliteStorage
 from tests.pg_cluster import schema_dsn
 from tests.storage.conftest import T0, Executor, Reopen, _postgres, create_request
@@ -40,6 +41,10 @@ asyncio.run(main())
 
 def location(storage: Storage, tmp_path: Path) -> str:
     """What another process opens to reach the same database as `storage`."""
+    if isinstance(storage, ShardedStorage):  # the leases a process holds are in its shard
+        first = storage.shards[0]
+        assert isinstance(first, SqliteStorage)
+        return str(first.path)
     if isinstance(storage, SqliteStorage):
         return str(storage.path)
     return schema_dsn(_postgres["dsn"], tmp_path)
