@@ -19,7 +19,7 @@ from engine.components import LoadedComponent, Registry, load_registry
 from engine.core import events as ev
 from engine.core.clock import Clock, SystemClock
 from engine.core.ids import DelayId, ExecutionId, IdError, new_deployment_id
-from engine.core.state import STATE_NAMES
+from engine.core.state_names import STATE_NAMES
 from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
 from engine.executors.activity import ActivityExecutor

@@ -20,6 +20,15 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import aiohttp
 
+from engine.answers import (
+    backtrace_info,
+    component_source_info,
+    deployment_info,
+    event_entries,
+    execution_info,
+    log_entries,
+    response_entries,
+)
 from engine.api_types import EngineError, StorageError, error_status
 from engine.client import (
     DEFAULT_API_URL,
@@ -36,13 +45,6 @@ from engine.views import (
     ExecutionInfo,
     LogEntry,
     ResponseEntry,
-    backtrace_info,
-    component_source_info,
-    deployment_info,
-    event_entries,
-    execution_info,
-    log_entries,
-    response_entries,
 )
 from obelisk_tui.model import ExecutionQuery
 

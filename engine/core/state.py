@@ -12,11 +12,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Container, Iterable
 from datetime import datetime, timedelta
-from typing import Literal, get_args
 
 import msgspec
 
 from engine.core import events as ev
+from engine.core.state_names import StateName
 
 # ---------------------------------------------------------------------------
 # Pending states (SPEC §4.1)
@@ -64,12 +64,6 @@ class Cancelling(msgspec.Struct, frozen=True, tag="cancelling", tag_field="type"
 
 
 PendingState = PendingAt | Locked | BlockedByJoinSet | Paused | Cancelling | Finished
-
-StateName = Literal[
-    "pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished"
-]
-#: Every state name, in the order lists and counts show them.
-STATE_NAMES: tuple[StateName, ...] = get_args(StateName)
 
 
 def state_name(state: PendingState) -> StateName:

@@ -17,6 +17,17 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from aiohttp import web
 
+from engine.answers import (
+    backtrace_info,
+    component_infos,
+    component_source_info,
+    deployment_info,
+    event_entries,
+    execution_info,
+    log_entries,
+    persist_backtraces_answer,
+    response_entries,
+)
 from engine.api_types import (
     LIST_ORDERS,
     REFUSALS,
@@ -50,15 +61,6 @@ from engine.server.validation import (
 )
 from engine.views import (
     STATE_NAMES,
-    backtrace_info,
-    component_infos,
-    component_source_info,
-    deployment_info,
-    event_entries,
-    execution_info,
-    log_entries,
-    persist_backtraces_answer,
-    response_entries,
 )
 
 if TYPE_CHECKING:

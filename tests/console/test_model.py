@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from engine.answers import event_entries, response_entries
 from engine.client import ExecutionInfo
 from engine.core import events as ev
 from engine.engine import Engine
-from engine.views import event_entries, response_entries
 from obelisk_tui import diagram, model, timeline
 from obelisk_tui.model import ExecutionQuery
 from obelisk_tui.widgets.execution_list import layout, short_ffqn, short_id
