@@ -3,6 +3,11 @@ shows up within seconds (`obelisk-tui --demo`, `obelisk-tui --serve`).
 
 It uses only the console facade, like a person at the keyboard would: submissions, stub
 answers (approvals), a pause and unpause now and then, a cancellation now and then.
+
+It steers only what it submitted itself: an order or an approval the person at the
+console submits is theirs to answer, pause or cancel. And every `CANCEL_EVERY` steering
+rounds it cancels one of its long steps while it runs, so that `cancelling` (the run is
+interrupted while it sleeps in a host call) shows up within the first minute.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import random
 from typing import Any
 
 from engine.client import ApiError
+from engine.views import ExecutionInfo
 from obelisk_tui.backend import ConsoleBackend
 
 log = logging.getLogger("obelisk.demo")
@@ -35,6 +41,15 @@ MIX: list[tuple[int, str, Any]] = [
 ]
 
 
+#: Every this many steering rounds (one every 3 submissions), a long step is cancelled.
+CANCEL_EVERY = 6
+
+
+def root_id(execution_id: str) -> str:
+    """The top-level execution an execution belongs to (`E_…` of `E_….o:1-approve_1`)."""
+    return execution_id.split(".", 1)[0]
+
+
 class DemoTraffic:
     def __init__(
         self, backend: ConsoleBackend, *, rate: float = 2.0, seed: int | None = None
@@ -43,7 +58,9 @@ class DemoTraffic:
         self.rate = rate
         self.random = random.Random(seed)
         self._task: asyncio.Task[None] | None = None
-        self._known: set[str] = set()
+        #: The top-level executions this generator submitted: the only ones it steers.
+        self.submitted: set[str] = set()
+        self._rounds = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="demo-traffic")
@@ -65,7 +82,7 @@ class DemoTraffic:
             tick += 1
             try:
                 _, ffqn, params = self.random.choices(mix, weights)[0]
-                await self.backend.submit(ffqn, params(self.random))
+                self.submitted.add(await self.backend.submit(ffqn, params(self.random)))
                 if tick % 3 == 0:
                     await self._steer()
             except ApiError as e:  # the demo goes on; the console shows what happened
@@ -76,10 +93,13 @@ class DemoTraffic:
         """Answer some approvals, pause/unpause or cancel a waiting order now and then."""
         from obelisk_tui.model import ExecutionQuery
 
+        self._rounds += 1
+        if self._rounds % CANCEL_EVERY == 0:
+            await self._cancel_a_long_step()
         waiting = await self.backend.list_executions(
             ExecutionQuery(ffqn_prefix="myapp:demo/approval.approve", states=("pending_at",)), 0, 20
         )
-        for info in waiting:
+        for info in self._own(waiting):
             age = self.random.random()
             if age < 0.35:
                 await self._try(
@@ -88,7 +108,7 @@ class DemoTraffic:
         orders = await self.backend.list_executions(
             ExecutionQuery(ffqn_prefix="myapp:demo/workflow.order-cancellable"), 0, 20
         )
-        for info in orders:
+        for info in self._own(orders):
             kind = info["state"]["type"]
             roll = self.random.random()
             if kind == "blocked_by_join_set" and roll < 0.15:
@@ -97,6 +117,22 @@ class DemoTraffic:
                 await self._try(self.backend.unpause(info["execution_id"]))
             elif kind == "blocked_by_join_set" and roll > 0.95:
                 await self._try(self.backend.cancel(info["execution_id"]))
+
+    def _own(self, infos: list[ExecutionInfo]) -> list[ExecutionInfo]:
+        return [i for i in infos if root_id(i["execution_id"]) in self.submitted]
+
+    async def _cancel_a_long_step(self) -> None:
+        """Cancel a running step of this generator's that sleeps long enough for the
+        interruption to be seen (`cancelling`, then finished `cancelled`)."""
+        from obelisk_tui.model import ExecutionQuery
+
+        running = await self.backend.list_executions(
+            ExecutionQuery(ffqn_prefix="myapp:demo/activity.step", states=("locked",)), 0, 20
+        )
+        for info in self._own(running):
+            if info["execution_id"] == root_id(info["execution_id"]):  # not a child
+                await self._try(self.backend.cancel(info["execution_id"]))
+                return
 
     @staticmethod
     async def _try(call: Any) -> None:
