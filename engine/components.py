@@ -10,11 +10,13 @@ in force.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.deployment import ComponentConfig, Deployment, is_ffqn, load_deployment
 from engine.errors import DeploymentError, InvalidParams, UnknownFunction
@@ -27,10 +29,12 @@ from engine.wit.types import format_wit_type
 
 __all__ = [
     "FunctionInfo",
+    "LoadProgress",
     "LoadedComponent",
     "Registry",
     "check_component",
     "component_digest",
+    "component_label",
     "file_digest",
     "index_registry",
     "load_components",
@@ -112,18 +116,46 @@ def _load_one_sync(config: ComponentConfig, ctx: LoadContext) -> LoadedComponent
     return kind_of(config.type).load(config, _read(config), ctx)
 
 
+T = TypeVar("T")
+
+#: Told, on the event loop, when a component starts loading (`ready` False) and when it
+#: is loaded (`ready` True, with the seconds it took): a first start compiles WASM for a
+#: while, and a console shows what it is doing meanwhile.
+LoadProgress = Callable[[str, bool, float], None]
+
+
+def component_label(config: ComponentConfig) -> str:
+    """How progress messages name a component: `activity_wasm "step"`."""
+    return f'{config.type} "{config.name}"'
+
+
 async def load_components(
-    deployment: Deployment, configs: Sequence[ComponentConfig], ctx: LoadContext
+    deployment: Deployment,
+    configs: Sequence[ComponentConfig],
+    ctx: LoadContext,
+    on_progress: LoadProgress | None = None,
 ) -> list[LoadedComponent]:
     """Load `configs` (in threads: compiling WASM takes a while), after preparing their
     kinds once. DeploymentError names the deployment file."""
+    tell = on_progress or (lambda _label, _ready, _seconds: None)
     prepares = {type(kind_of(c.type)): kind_of(c.type) for c in configs}
+
+    async def timed(label: str, call: Callable[[], T]) -> T:
+        tell(label, False, 0.0)
+        started = time.monotonic()
+        result = await asyncio.to_thread(call)
+        tell(label, True, time.monotonic() - started)
+        return result
+
     try:
         for kind in prepares.values():
-            await asyncio.to_thread(kind.prepare, ctx.cache_dir)
-        return list(
-            await asyncio.gather(*(asyncio.to_thread(_load_one_sync, c, ctx) for c in configs))
+            await timed(
+                f"{kind.section}: shared runtime", functools.partial(kind.prepare, ctx.cache_dir)
+            )
+        loads = (
+            timed(component_label(c), functools.partial(_load_one_sync, c, ctx)) for c in configs
         )
+        return list(await asyncio.gather(*loads))
     except DeploymentError as e:  # name the deployment file, like every other load error
         raise DeploymentError(f"{deployment.path}: {e}") from None
 
@@ -166,10 +198,15 @@ def check_component(component: LoadedComponent, registry: Registry) -> None:
         raise DeploymentError(f"{registry.deployment.path}: {e}") from None
 
 
-async def load_registry(deployment: Deployment, wasm_engine: Any, cache_dir: Path) -> Registry:
+async def load_registry(
+    deployment: Deployment,
+    wasm_engine: Any,
+    cache_dir: Path,
+    on_progress: LoadProgress | None = None,
+) -> Registry:
     """Load every component and index its exports."""
     ctx = LoadContext(wasm_engine, cache_dir)
-    loaded = await load_components(deployment, deployment.components, ctx)
+    loaded = await load_components(deployment, deployment.components, ctx, on_progress)
     return await index_registry(deployment, loaded)
 
 

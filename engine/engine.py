@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import affinity
-from engine.components import LoadedComponent, Registry, load_registry
+from engine.components import LoadedComponent, LoadProgress, Registry, load_registry
 from engine.core import events as ev
 from engine.core.clock import Clock, SystemClock
 from engine.core.ids import DelayId, ExecutionId, IdError, new_deployment_id
@@ -122,6 +122,7 @@ class Engine:
         cpu_affinity: affinity.Mode = "off",
         processes: int = 1,
         shard: int | None = None,
+        on_progress: LoadProgress | None = None,
     ) -> Engine:
         """Load the deployment, open the database, start executors and the watcher.
 
@@ -139,14 +140,15 @@ class Engine:
         is always served by as many processes, whatever `processes` says. `shard`: the
         engine of a helper, on that shard alone (`engine.storage.select`).
         Raises DeploymentError / StorageError with a message naming the culprit; nothing
-        is started when anything fails.
+        is started when anything fails. `on_progress` hears of each component as it loads
+        (`engine.components.LoadProgress`: a console shows a first start's compiling).
         """
         data = Path(data_dir)
         choice = choose_storage(data, database_url=database_url, shard=shard, processes=processes)
         deployment = load_deployment(deployment_path)
         _make_private_data_dir(data)
         wasm_engine = WasmEngine()
-        registry = await load_registry(deployment, wasm_engine, data / "cache")
+        registry = await load_registry(deployment, wasm_engine, data / "cache", on_progress)
         # After compiling (its threads keep every CPU), before the storage's writer.
         cpus = affinity.process_cpus(choice.processes) if choice.processes > 1 else None
         if cpus is not None and cpu_affinity == "split":

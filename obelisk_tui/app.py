@@ -42,13 +42,32 @@ log = logging.getLogger("obelisk.console")
 
 
 class ConnectingScreen(Screen[None]):
+    """Until the engine answers: what is starting and, for an embedded engine, each
+    component as it loads (a first start compiles WASM for a while)."""
+
     def __init__(self, what: str) -> None:
         super().__init__()
         self.what = what
+        #: Component label → seconds it took (None: loading).
+        self.components: dict[str, float | None] = {}
+        #: The progress text shown.
+        self.shown = ""
 
     def compose(self) -> ComposeResult:
         yield Static(f"Obelisk — starting: {self.what}", id="connecting")
+        yield Static(id="connecting-progress")
         yield LoadingIndicator()
+
+    def progress(self, label: str, ready: bool, seconds: float) -> None:
+        self.components[label] = seconds if ready else None
+        if not self.is_mounted:
+            return
+        done = sum(1 for s in self.components.values() if s is not None)
+        lines = [f"components: {done} of {len(self.components)} loaded"]
+        for name, took in self.components.items():
+            lines.append(f"  {name}: " + ("loading…" if took is None else f"ready ({took:.1f} s)"))
+        self.shown = "\n".join(lines)
+        self.query_one("#connecting-progress", Static).update(self.shown)
 
 
 class ObeliskApp(App[None]):
@@ -182,6 +201,12 @@ class ObeliskApp(App[None]):
         if screen is not None and screen is self.screen and len(self.screen_stack) > 1:
             with contextlib.suppress(Exception):
                 self.pop_screen()
+
+    def load_progress(self, label: str, ready: bool, seconds: float) -> None:
+        """An embedded engine's components as they load (`Engine.start(on_progress=…)`)."""
+        for screen in self.screen_stack:
+            if isinstance(screen, ConnectingScreen):
+                screen.progress(label, ready, seconds)
 
     # -- live refresh --------------------------------------------------------------------
     def request_refresh(self) -> None:

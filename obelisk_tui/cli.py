@@ -177,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
                 data_dir,
                 processes=args.processes,
                 cpu_affinity="split" if args.processes > 1 else "off",
+                on_progress=app.load_progress,  # the app exists by the time it connects
             )
 
-        what = f"the engine on {deployment} (logs: {log_path}); the first start compiles components"
+        what = f"the engine on {deployment} (logs: {log_path})"
         if args.demo and not args.no_traffic:
             on_connected = _start_traffic
 
