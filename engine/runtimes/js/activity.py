@@ -106,7 +106,7 @@ from engine.runtimes.js.activity_prelude import LOAD_SNIPPET, PRELUDE
 from engine.runtimes.js.common import (
     DEFAULT_MEMORY_LIMIT,
     out_of_memory_reason,
-    parse_json_result,
+    result_record,
     run_coroutine,
     source_line,
     trap_reason,
@@ -775,16 +775,9 @@ class JsActivityRunner:
         return RunTrap(f"{stage}: internal error: {e!r}", traceback.format_exc())
 
     def _outcome_from_record(self, text: str) -> RunOutcome:
-        try:
-            record = parse_json_result(text)
-        except ValueError as e:
-            return RunTrap(f"cannot decode the function's result: {e}", text[:1000])
-        kind = record.get("t")
-        if kind == "ok":
-            return RunOk(record.get("v"))
-        if kind == "err":
-            value = record.get("v")
-            return RunErr(value, permanent=is_permanent_err(value))
-        if kind == "oom":
-            return RunTrap("out of memory")
-        return RunTrap(str(record.get("reason", "unknown failure")), str(record.get("detail", "")))
+        record = result_record(text)
+        if record.kind == "ok":
+            return RunOk(record.value)
+        if record.kind == "err":
+            return RunErr(record.value, permanent=is_permanent_err(record.value))
+        return RunTrap(record.reason, record.detail)

@@ -14,8 +14,9 @@ import json
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from quickjs_rs import Runtime
 
@@ -181,3 +182,32 @@ def preload_compiled_quickjs(cache_dir: Path) -> None:
     )
     with qjs_wasmtime._SHARED_ARTIFACTS_LOCK:
         qjs_wasmtime._SHARED_ARTIFACTS.setdefault(key, artifact)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRecord:
+    """What a guest's call of its export came to, as the prelude reports it (one JSON
+    record `{"t": "ok"|"err"|"oom"|"trap", …}`): the activity and the workflow runtimes
+    turn it into their outcomes."""
+
+    kind: Literal["ok", "err", "oom", "trap"]
+    value: Any = None
+    reason: str = ""
+    detail: str = ""
+
+
+def result_record(text: str) -> ResultRecord:
+    """The prelude's result record, decoded (a record that does not decode is a trap)."""
+    try:
+        record = parse_json_result(text)
+    except ValueError as e:
+        return ResultRecord(
+            "trap", reason=f"cannot decode the function's result: {e}", detail=text[:1000]
+        )
+    kind = record.get("t")
+    if kind == "ok" or kind == "err":
+        return ResultRecord(kind, record.get("v"))
+    if kind == "oom":
+        return ResultRecord("oom", reason="out of memory")
+    reason = str(record.get("reason", "unknown failure"))
+    return ResultRecord("trap", reason=reason, detail=str(record.get("detail", "")))

@@ -166,7 +166,7 @@ from engine.runtimes.js.activity import (
 from engine.runtimes.js.common import (
     DEFAULT_MEMORY_LIMIT,
     out_of_memory_reason,
-    parse_json_result,
+    result_record,
     run_coroutine,
     source_line,
     trap_reason,
@@ -821,16 +821,11 @@ class JsWorkflowRunner:
         return "\n".join(lines) if lines else stack
 
     def _outcome_from_record(self, text: str) -> WorkflowOutcome:
-        try:
-            record = parse_json_result(text)
-        except ValueError as e:
-            return WfTrap(f"cannot decode the function's result: {e}", text[:1000])
-        kind = record.get("t")
-        if kind == "ok":
-            return WfOk(record.get("v"))
-        if kind == "err":
-            return WfErr(record.get("v"))
-        if kind == "oom":
-            return WfTrap("out of memory")
-        reason = str(record.get("reason", "unknown failure"))
-        return WfTrap(reason, self._user_stack(str(record.get("detail", ""))))
+        record = result_record(text)
+        if record.kind == "ok":
+            return WfOk(record.value)
+        if record.kind == "err":
+            return WfErr(record.value)
+        if record.kind == "oom":
+            return WfTrap(record.reason)
+        return WfTrap(record.reason, self._user_stack(record.detail))
