@@ -11,7 +11,7 @@ blocked inside a host call (e.g. a WASI sleep) is only stopped once that call re
 
 Host state. wasmtime-py keeps the last Python exception raised by a host function in a
 process-wide global, which one thread may pick up from another; our host functions never
-raise, and calls go through `_call_func`, which does not look at that global. The log sink of
+raise, and calls go through `call_result_func`, which does not look at that global. The log sink of
 the run in progress is found through a thread-local (host functions run on the calling
 thread). WASI stdout/stderr callbacks, however, arrive on a wasmtime-internal thread: their
 bytes are buffered and turned into log lines on the worker thread (on epoch ticks, before each
@@ -42,7 +42,6 @@ import itertools
 import logging
 import os
 import platform
-import re
 import threading
 import time
 import weakref
@@ -69,6 +68,13 @@ from engine.runtimes.outcome import (
     RunOutcome,
     RunTimedOut,
     RunTrap,
+)
+from engine.runtimes.wasm.common import (
+    ExportTypes,
+    call_result_func,
+    error_cause,
+    post_return,
+    trap_reason,
 )
 from engine.wit.codec import (
     WitValueError,
@@ -348,7 +354,7 @@ class WasmEngine:
             component = wc.Component(self.engine, data)
         except WasmtimeError as e:
             raise ComponentLoadError(
-                f"invalid WebAssembly component: {label}: {_cause(str(e))}"
+                f"invalid WebAssembly component: {label}: {error_cause(str(e))}"
             ) from None
         _COMPONENT_ENGINES[component] = self
         if cache_file is not None:
@@ -399,7 +405,7 @@ class WasmEngine:
                 self.activity_linker().instantiate(store, component)
             except WasmtimeError as e:
                 raise ComponentLoadError(
-                    f"cannot instantiate component: {_cause(str(e))}"
+                    f"cannot instantiate component: {error_cause(str(e))}"
                 ) from None
             finally:
                 store.close()
@@ -492,23 +498,6 @@ def write_atomically(path: Path, data: bytes) -> None:
     except OSError as e:  # a cache that cannot be written only costs compile time
         _log.warning("cannot write compiled cache %s: %s", path, e)
         tmp.unlink(missing_ok=True)
-
-
-def _causes(message: str) -> list[str]:
-    """The lines of a wasmtime (anyhow) error: the context, then each numbered cause."""
-    head, _, tail = message.partition("Caused by:")
-    lines = [head.strip().splitlines()[0].strip().rstrip(":")] if head.strip() else []
-    for line in tail.strip().splitlines():
-        line = re.sub(r"^\d+:\s*", "", line.strip())
-        if line:
-            lines.append(line)
-    return lines
-
-
-def _cause(message: str) -> str:
-    """A wasmtime error on one line: context and causes, without the backtrace banner."""
-    lines = [x for x in _causes(message) if not x.startswith("error while executing at wasm")]
-    return ": ".join(lines) or message.strip()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -616,91 +605,11 @@ def _log_host_function(level: LogLevel) -> Callable[[Any, str], None]:
     return log
 
 
-@dataclass(frozen=True, slots=True)
-class _ExportTypes:
-    """What a call of one exported function needs, looked up once per runner and FFQN.
-
-    Asking wasmtime-py for `func.type(store).params` / `.result` on every call costs a
-    dozen ctypes round trips and fresh type objects per run; types do not depend on the
-    store, so they are kept here along with the component-level export index.
-    """
-
-    index: Any  # wc.ExportIndex of the function, valid for every instance of the component
-    params: tuple[Any, ...]  # wasmtime-py ValTypes of the parameters
-    ok: Any  # ValType of the `ok` payload of the `result<…>` return type, or None
-    err: Any  # ValType of the `err` payload, or None
-
-
-def _call_func(
-    func: wc.Func, store: wasmtime.Store, args: Sequence[Any], types: _ExportTypes
-) -> tuple[bool, Any]:
-    """Call a function returning `result<…>`; `(is_ok, payload as lifted by wasmtime-py)`.
-
-    `Func.__call__` of wasmtime-py 50, without its process-global host-exception slot, and
-    with the `result` case read from the C value (not guessed from the payload's class).
-    """
-    param_tys = types.params
-    if len(args) != len(param_tys):
-        raise TypeError(f"expected {len(param_tys)} arguments, got {len(args)}")
-    param_capi = (ffi.wasmtime_component_val_t * max(len(args), 1))()
-    n = 0
-    try:
-        for ty, value in zip(param_tys, args, strict=True):
-            ty.convert_to_c(store, value, ctypes.pointer(param_capi[n]))
-            n += 1
-        result_space = ffi.wasmtime_component_val_t()
-        error = ffi.wasmtime_component_func_call(
-            ctypes.byref(func._func),
-            store._context(),
-            param_capi,
-            n,
-            ctypes.byref(result_space),
-            1,
-        )
-        if error:
-            raise WasmtimeError._from_ptr(error)
-        if result_space.kind != ffi.WASMTIME_COMPONENT_RESULT.value:
-            raise TypeError("the function did not return a result")
-        is_ok = bool(result_space.of.result.is_ok)
-        payload_ty = types.ok if is_ok else types.err
-        ptr = result_space.of.result.val
-        if payload_ty is None or not ptr:
-            return is_ok, None
-        # As wasmtime-py's `VariantLikeType._lift` does with a case payload.
-        payload = payload_ty.convert_from_c(ptr.contents)
-        ptr.contents.kind = ffi.WASMTIME_COMPONENT_BOOL
-        ptr.contents.of.boolean = False
-        ffi.wasmtime_component_val_delete(ptr)
-        return is_ok, payload
-    finally:
-        for i in range(n):
-            ffi.wasmtime_component_val_delete(ctypes.byref(param_capi[i]))
-
-
-def _post_return(func: wc.Func, store: wasmtime.Store) -> None:
-    error = ffi.wasmtime_component_func_post_return(ctypes.byref(func._func), store._context())
-    if error:
-        raise WasmtimeError._from_ptr(error)
-
-
-_TRAP_NAMES = {
-    "wasm `unreachable` instruction executed": "unreachable",
-    "integer divide by zero": "integer divide by zero",
-    "out of bounds memory access": "out of bounds memory access",
-    "call stack exhausted": "stack overflow",
-}
-
-
 def _trap_outcome(error: WasmtimeError) -> RunTrap:
     message = str(error)
     if isinstance(error, wasmtime.ExitTrap):
         return RunTrap(f"guest exited with code {error.code}", message)
-    causes = _causes(message)
-    cause = causes[-1] if causes else message.strip()
-    if cause.startswith("wasm trap: "):
-        what = cause.removeprefix("wasm trap: ")
-        return RunTrap(f"trap: {_TRAP_NAMES.get(what, what)}", message)
-    return RunTrap(f"trap: {cause}"[:300], message)
+    return RunTrap(trap_reason(error), message)
 
 
 def _err_is_permanent(err_json: Any, err_type: WitType | None) -> bool:
@@ -724,9 +633,9 @@ class WasmActivityRunner:
         self.signatures = dict(signatures)
         self.engine = engine or engine_of(component)
         self._linker = self.engine.activity_linker()
-        self._export_types: dict[str, _ExportTypes | None] = {}
+        self._export_types: dict[str, ExportTypes | None] = {}
 
-    def _types(self, ffqn: str, instance: Any, store: wasmtime.Store) -> _ExportTypes | None:
+    def _types(self, ffqn: str, instance: Any, store: wasmtime.Store) -> ExportTypes | None:
         """The cached export index and types of `ffqn` (None: not exported)."""
         try:
             return self._export_types[ffqn]
@@ -745,7 +654,7 @@ class WasmActivityRunner:
             ok = err = None
             if isinstance(result, wc.ResultType):
                 ok, err = result.ok, result.err
-            types = _ExportTypes(fn_index, tuple(t for _, t in fty.params), ok, err)
+            types = ExportTypes(fn_index, tuple(t for _, t in fty.params), ok, err)
         self._export_types[ffqn] = types  # benign race: every thread computes the same
         return types
 
@@ -830,14 +739,14 @@ class WasmActivityRunner:
             except WasmtimeError as e:
                 outcome = interrupted_or_trap(e)
                 if isinstance(outcome, RunTrap):
-                    return RunTrap(f"cannot instantiate: {_cause(str(e))}"[:300], str(e))
+                    return RunTrap(f"cannot instantiate: {error_cause(str(e))}"[:300], str(e))
                 return outcome
             types = self._types(ffqn, instance, store)
             func = None if types is None else instance.get_func(store, types.index)
             if func is None or types is None:
                 return RunTrap(f"function not exported by the component: {ffqn}")
             try:
-                is_ok, raw = _call_func(func, store, args, types)
+                is_ok, raw = call_result_func(func, store, args, types)
             except WasmtimeError as e:
                 return interrupted_or_trap(e)
             except (TypeError, ValueError) as e:  # wasmtime-py rejected a converted value
@@ -846,7 +755,7 @@ class WasmActivityRunner:
                 _log.exception("calling %s failed", ffqn)
                 return RunTrap(f"internal error: {type(e).__name__}: {e}"[:300], repr(e))
             try:
-                _post_return(func, store)
+                post_return(func, store)
             except WasmtimeError as e:
                 return interrupted_or_trap(e)
             case = "ok" if is_ok else "err"

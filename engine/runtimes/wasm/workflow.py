@@ -68,16 +68,13 @@ the component's only export.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import wasmtime
 from wasmtime import WasmtimeError
-from wasmtime import _ffi as ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
 from wasmtime import component as wc
 
 from engine.runtimes.outcome import (
@@ -94,6 +91,13 @@ from engine.runtimes.wasm.activity import (
     engine_of,
     inspect_exports,
 )
+from engine.runtimes.wasm.common import (
+    ExportTypes,
+    call_result_func,
+    error_cause,
+    post_return,
+    trap_reason,
+)
 from engine.runtimes.wasm.workflow_host_functions import build_linker
 from engine.runtimes.wasm.workflow_imports import (
     Target,
@@ -108,8 +112,6 @@ from engine.runtimes.wasm.workflow_run import (
     CURRENT_RUN,
     WorkflowRun,
     current_run,
-    error_cause,
-    error_causes,
 )
 from engine.runtimes.wasm.workflow_wit import (
     JOIN_SET_IFC,
@@ -144,79 +146,6 @@ class WasmWorkflowLoadError(Exception):
 
 # ---------------------------------------------------------------------------------------------
 # Calling an export, reading traps
-
-
-@dataclass(frozen=True, slots=True)
-class _Export:
-    """An exported function: its export index (valid for every instance) and types."""
-
-    index: Any  # wc.ExportIndex
-    params: tuple[Any, ...]  # wasmtime-py ValTypes
-    ok: Any  # ValType of the ok payload, or None
-    err: Any  # ValType of the err payload, or None
-
-
-def _call_export(
-    func: wc.Func, store: wasmtime.Store, export: _Export, args: Sequence[Any]
-) -> tuple[bool, Any]:
-    """Call an export returning `result<…>` → (is_ok, payload as wasmtime-py lifts it).
-
-    Like `Func.__call__` of wasmtime-py 50, without its process-global slot for host
-    exceptions (our host functions only raise `WasmtimeError`), and reading the result's
-    case from the C value rather than guessing it from the payload's Python class.
-    """
-    if len(args) != len(export.params):
-        raise TypeError(f"expected {len(export.params)} arguments, got {len(args)}")
-    param_capi = (ffi.wasmtime_component_val_t * max(len(args), 1))()
-    n = 0
-    try:
-        for ty, value in zip(export.params, args, strict=True):
-            ty.convert_to_c(store, value, ctypes.pointer(param_capi[n]))
-            n += 1
-        result_space = ffi.wasmtime_component_val_t()
-        error = ffi.wasmtime_component_func_call(
-            ctypes.byref(func._func), store._context(), param_capi, n, ctypes.byref(result_space), 1
-        )
-        if error:
-            raise WasmtimeError._from_ptr(error)
-        if result_space.kind != ffi.WASMTIME_COMPONENT_RESULT.value:
-            raise TypeError("the function did not return a result")
-        is_ok = bool(result_space.of.result.is_ok)
-        payload_ty = export.ok if is_ok else export.err
-        ptr = result_space.of.result.val
-        if payload_ty is None or not ptr:
-            return is_ok, None
-        payload = payload_ty.convert_from_c(ptr.contents)
-        ptr.contents.kind = ffi.WASMTIME_COMPONENT_BOOL  # the payload now belongs to Python
-        ptr.contents.of.boolean = False
-        ffi.wasmtime_component_val_delete(ptr)
-        return is_ok, payload
-    finally:
-        for i in range(n):
-            ffi.wasmtime_component_val_delete(ctypes.byref(param_capi[i]))
-
-
-def _post_return(func: wc.Func, store: wasmtime.Store) -> None:
-    error = ffi.wasmtime_component_func_post_return(ctypes.byref(func._func), store._context())
-    if error:
-        raise WasmtimeError._from_ptr(error)
-
-
-_TRAP_NAMES = {
-    "wasm `unreachable` instruction executed": "unreachable",
-    "integer divide by zero": "integer divide by zero",
-    "out of bounds memory access": "out of bounds memory access",
-    "call stack exhausted": "stack overflow",
-}
-
-
-def _trap_reason(error: WasmtimeError) -> str:
-    causes = error_causes(str(error))
-    cause = causes[-1] if causes else str(error).strip()
-    if cause.startswith("wasm trap: "):
-        what = cause.removeprefix("wasm trap: ")
-        return f"trap: {_TRAP_NAMES.get(what, what)}"
-    return f"trap: {cause}"[:300]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,8 +196,8 @@ class WasmWorkflowRunner:
 
     # -- inspection --
 
-    def _export_table(self, eng: wasmtime.Engine) -> dict[str, _Export]:
-        out: dict[str, _Export] = {}
+    def _export_table(self, eng: wasmtime.Engine) -> dict[str, ExportTypes]:
+        out: dict[str, ExportTypes] = {}
         exported = self.component.type.exports(eng)
         for ffqn in self.exports:
             interface, _, function = ffqn.rpartition(".")
@@ -283,7 +212,7 @@ class WasmWorkflowRunner:
             result = fty.result
             ok = result.ok if isinstance(result, wc.ResultType) else None
             err = result.err if isinstance(result, wc.ResultType) else None
-            out[ffqn] = _Export(index, tuple(t for _, t in fty.params), ok, err)
+            out[ffqn] = ExportTypes(index, tuple(t for _, t in fty.params), ok, err)
         return out
 
     @property
@@ -401,8 +330,8 @@ class WasmWorkflowRunner:
             func = instance.get_func(store, export.index)
             if func is None:
                 return WfTrap(f"function not exported by the component: {ffqn}")
-            is_ok, raw = _call_export(func, store, export, args)
-            _post_return(func, store)
+            is_ok, raw = call_result_func(func, store, args, export)
+            post_return(func, store)
         except WasmtimeError as e:
             return self._failure(run, e, interrupt.reason)
         except (TypeError, ValueError) as e:  # wasmtime-py rejected a converted value
@@ -428,7 +357,7 @@ class WasmWorkflowRunner:
             return WfTimedOut()
         if run.trap is not None:
             return WfTrap(run.trap, str(error))
-        return WfTrap(_trap_reason(error), str(error))
+        return WfTrap(trap_reason(error), str(error))
 
 
 def _convert_params(signature: FunctionSignature, params: Any) -> list[Any] | WfTrap:

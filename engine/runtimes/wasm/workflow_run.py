@@ -6,7 +6,6 @@ stopped the run (an interrupt, `RunAborted`, a spin timeout, a trap, a host fail
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ from typing import Any
 from wasmtime import WasmtimeError
 from wasmtime import component as wc
 
+from engine.runtimes.wasm.common import error_cause
 from engine.runtimes.wasm.workflow_wit import Own
 from engine.runtimes.workflow_host import RunAborted, WorkflowCallError, WorkflowHost
 
@@ -160,19 +160,3 @@ class WorkflowRun:
 
 # ---------------------------------------------------------------------------------------------
 # Reading wasmtime errors
-
-
-def error_causes(message: str) -> list[str]:
-    """The lines of a wasmtime (anyhow) error: the context, then each numbered cause."""
-    head, _, tail = message.partition("Caused by:")
-    lines = [head.strip().splitlines()[0].strip().rstrip(":")] if head.strip() else []
-    for line in tail.strip().splitlines():
-        line = re.sub(r"^\d+:\s*", "", line.strip())
-        if line:
-            lines.append(line)
-    return lines
-
-
-def error_cause(message: str) -> str:
-    lines = [x for x in error_causes(message) if not x.startswith("error while executing at wasm")]
-    return ": ".join(lines) or message.strip()
