@@ -22,7 +22,7 @@ from textual._context import active_message_pump  # noqa: PLC2701 (textual inter
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.dom import DOMNode
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.widget import Widget
 from textual.widgets import LoadingIndicator, Static
 from textual.worker import WorkerFailed
@@ -79,6 +79,8 @@ class ObeliskApp(App[None]):
         Binding("question_mark", "help", "Help"),
         Binding("s", "submit", "Submit"),
         Binding("C", "components", "Components"),
+        Binding("h", "executions", "List"),  # from any depth (hidden on the list itself)
+        Binding("y", "copy_id", "Copy id", show=False),
         Binding("space", "freeze", "Freeze"),
         Binding("r", "refresh", "Refresh", show=False),
     ]
@@ -337,6 +339,23 @@ class ObeliskApp(App[None]):
         while len(self.screen_stack) > 1 and not isinstance(self.screen, ExecutionsScreen):
             self.pop_screen()
 
+    def action_copy_id(self) -> None:
+        """The execution's id (its screen's, or the list's selected row) to the clipboard:
+        OSC 52, which the terminal (not this process) puts there, so it works over ssh
+        and in tmux (with `set-clipboard on`)."""
+        from obelisk_tui.widgets.execution_list import ExecutionList
+
+        screen = self.screen
+        eid = getattr(screen, "execution_id", None)
+        if eid is None and (lists := screen.query(ExecutionList)):
+            selected = lists.first().selected
+            eid = None if selected is None else selected["execution_id"]
+        if not isinstance(eid, str):
+            self.notify("no execution selected to copy", severity="warning")
+            return
+        self.copy_to_clipboard(eid)
+        self.notify(eid, title="copied to the clipboard", timeout=3)
+
     def action_components(self) -> None:
         from obelisk_tui.screens.components import ComponentsScreen
 
@@ -371,5 +390,14 @@ class ObeliskApp(App[None]):
             self.push_screen(HelpScreen(sections(self.screen)))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        from obelisk_tui.screens.executions import ExecutionsScreen
+
+        if action in ("executions", "copy_id") and (
+            self.backend is None or isinstance(self.screen, ModalScreen)
+        ):
+            return False  # a dialog answers first (its own keys, `esc`)
+        if action == "executions":
+            # Hidden on the list itself.
+            return not isinstance(self.screen, ExecutionsScreen)
         needs_backend = action in ("submit", "components", "freeze", "refresh")
         return not (needs_backend and self.backend is None)

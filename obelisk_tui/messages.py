@@ -1,4 +1,4 @@
-"""Messages the app sends to its screens."""
+"""Messages the app sends to its screens, and those its widgets send up."""
 
 from __future__ import annotations
 
@@ -19,3 +19,13 @@ class DeploymentReloaded(Message):
     def __init__(self, deployment: DeploymentInfo) -> None:
         super().__init__()
         self.deployment = deployment
+
+
+class DelayKey(Message):
+    """`c`, `p` or `u` pressed on a row that shows a delay (the Events and Children tabs):
+    the screen cancels it, or says why not."""
+
+    def __init__(self, delay_id: str, action: str) -> None:
+        super().__init__()
+        self.delay_id = delay_id
+        self.action = action

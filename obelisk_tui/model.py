@@ -204,6 +204,46 @@ def clock_time(at: datetime | None) -> str:
     return "" if at is None else at.strftime("%H:%M:%S.%f")[:-3]
 
 
+def duration_text(seconds: float) -> str:
+    """A duration that keeps its second unit (`span` rounds to one): 850ms, 3.2s, 42s,
+    5m 03s, 3h 05m, 2d 03h."""
+    s = max(0.0, seconds)
+    if s < 1:
+        return f"{int(s * 1000)}ms"
+    if s < 10:
+        return f"{s:.1f}s"
+    if s < 60:
+        return f"{s:.0f}s"
+    whole = int(s)
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d {whole % 86400 // 3600:02d}h"
+
+
+def finished_at(events: list[EventEntry]) -> datetime | None:
+    """When the log's `finished` event was written (None while unfinished)."""
+    for entry in reversed(events):
+        if entry["event"].get("type") == "finished":
+            return parse_ts(entry["created_at"])
+    return None
+
+
+def duration(info: ExecutionInfo, now: datetime, finished: datetime | None = None) -> str:
+    """How long the execution took (created → finished), or has taken so far (→ now):
+    "3.2s", "12s so far". `finished`: its `finished` event's time when the log is at
+    hand; else a finished execution's last change stands for it (a response that
+    reaches it later, e.g. of a child it did not await, moves that)."""
+    created = parse_ts(info["created_at"])
+    if created is None:
+        return ""
+    if state_name(info["state"]) != "finished":
+        return f"{duration_text((now - created).total_seconds())} so far"
+    end = finished or parse_ts(info["updated_at"]) or created
+    return duration_text((end - created).total_seconds())
+
+
 # ---------------------------------------------------------------------------------------
 # Events
 # ---------------------------------------------------------------------------------------
@@ -312,6 +352,102 @@ def requested_child(event: dict[str, Any]) -> str | None:
         child = req.get("child_execution_id")
         return str(child) if child else None
     return None
+
+
+def requested_delay(event: dict[str, Any]) -> str | None:
+    """The delay an event requested (`join_set_request` of a delay), if any: what `c`
+    on its row cancels."""
+    if event.get("type") != "history_event":
+        return None
+    h = event.get("event") or {}
+    req = h.get("request") or {}
+    if h.get("type") == "join_set_request" and req.get("type") == "delay_request":
+        delay = req.get("delay_id")
+        return str(delay) if delay else None
+    return None
+
+
+def delay_outcomes(responses: list[ResponseEntry]) -> dict[str, str]:
+    """ "expired" or "cancelled" of every delay that finished (a delay absent: waiting)."""
+    out: dict[str, str] = {}
+    for r in responses:
+        resp = r["response"]
+        if resp.get("type") == "delay_finished":
+            out[str(resp.get("delay_id"))] = (
+                "cancelled" if resp.get("outcome") == "cancelled" else "expired"
+            )
+    return out
+
+
+def delay_refusal(action: str, delay_id: str, outcome: str) -> str | None:
+    """Why `action` (cancel, pause, unpause) does not apply to a delay whose outcome is
+    `outcome` (waiting, expired, cancelled), or None. The engine pauses executions, not
+    delays: a paused workflow's delay still expires (its response waits for the
+    unpause)."""
+    if action in ("pause", "unpause"):
+        return (
+            f"{delay_id} is a delay: the engine cannot {action} a delay, only an execution "
+            "(c cancels the delay; on another row p / u act on this workflow)"
+        )
+    if action != "cancel":
+        return f"unknown action {action}"
+    if outcome != "waiting":
+        return f"{delay_id} already {outcome}: nothing to cancel"
+    return None
+
+
+def short_id(execution_id: str, head: int = 6, tail: int = 4) -> str:
+    """`E_01JA…7XQZ`: the start (its kind and creation time) and the end that tells ids
+    of the same second apart."""
+    if len(execution_id) <= head + tail + 1:
+        return execution_id
+    return f"{execution_id[:head]}…{execution_id[-tail:]}"
+
+
+def breadcrumb(trail: list[str], tail: int = 20) -> list[str]:
+    """Labels of a screen stack: the names of screens ("executions", "components") as
+    they are, an execution id shortened (`short_id`), a child of the crumb before as
+    `child …g:1_2` (what its id adds, its end kept)."""
+    labels: list[str] = []
+    previous = ""
+    for crumb in trail:
+        if previous and crumb.startswith(previous + "."):
+            rest = crumb[len(previous) + 1 :]
+            labels.append(f"child …{rest if len(rest) <= tail else rest[-tail:]}")
+        elif crumb.startswith("E_"):
+            labels.append(short_id(crumb))
+        else:
+            labels.append(crumb)
+        previous = crumb
+    return labels
+
+
+def fit_breadcrumb(labels: list[str], width: int, separator: str = " › ") -> list[str]:
+    """`labels` within `width` columns: the crumbs after the first go from the left (as
+    one "…"), the last one always stays (where you are matters most)."""
+    if len(separator.join(labels)) <= width or len(labels) <= 2:
+        return labels
+    for cut in range(2, len(labels)):
+        fitted = [labels[0], "…", *labels[cut:]]
+        if len(separator.join(fitted)) <= width:
+            return fitted
+    return [labels[0], "…", labels[-1]]
+
+
+def resubmit_question(info: ExecutionInfo, params: list[Any]) -> str:
+    """The confirmation of a re-submit: what is submitted, and that a failed execution
+    is retried so (the engine retries only temporary failures, by itself, never a
+    finished execution)."""
+    eid = short_id(info["execution_id"])
+    what = f"{info['ffqn']} {_short_json(params, 60)}"
+    kind = result_kind(info.get("result"))
+    if kind is not None and kind != "ok":
+        return (
+            f"Retry {eid}: submit {what} again as a new execution? (the engine has no "
+            "retry of a finished execution: a re-submit is the retry)"
+        )
+    top = " top-level" if info["parent_id"] else ""
+    return f"Re-submit {what} as a new{top} execution (a new id; {eid} stays as it is)?"
 
 
 def _history_summary(h: dict[str, Any]) -> str:

@@ -29,6 +29,22 @@ class ObeliskScreenMixin:
     def obelisk(self) -> ObeliskApp:
         return cast("ObeliskApp", self.app)
 
+    def trail(self) -> tuple[str, ...]:
+        """The breadcrumb's crumbs of the screens up to this one: "executions" for the
+        list, each other screen's `crumb` (an execution id, "components"); dialogs and
+        the start-up screen have none."""
+        from obelisk_tui.screens.executions import ExecutionsScreen
+
+        out: list[str] = []
+        for screen in self.app.screen_stack:
+            crumb = "executions" if isinstance(screen, ExecutionsScreen) else None
+            crumb = getattr(screen, "crumb", crumb)
+            if isinstance(crumb, str):
+                out.append(crumb)
+            if screen is cast(DOMNode, self):
+                break
+        return tuple(out)
+
     @property
     def is_live(self) -> bool:
         """Attached and not being torn down: workers check it after every await before

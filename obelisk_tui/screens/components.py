@@ -19,6 +19,7 @@ from engine.views import ComponentInfo, DeploymentInfo, upgrades_unchecked
 from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, DeploymentReloaded
 from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.widgets.breadcrumb import Breadcrumb
 from obelisk_tui.widgets.key_footer import KeyFooter
 
 
@@ -125,12 +126,16 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
     async def action_table(self, action: str) -> None:
         await self.query_one("#components", DataTable).run_action(action)
 
+    #: Its name in the breadcrumb.
+    crumb = "components"
+
     def __init__(self) -> None:
         super().__init__()
         self.deployment: DeploymentInfo | None = None
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
+        yield Breadcrumb(id="breadcrumb")
         yield Static(id="reload-status")
         table: DataTable[str] = DataTable(id="components", cursor_type="row", zebra_stripes=True)
         yield table
@@ -144,6 +149,7 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
         # The first load comes with the ScreenResume that follows the mount.
 
     def on_screen_resume(self) -> None:
+        self.query_one(Breadcrumb).trail = self.trail()
         self.load()  # what changed while a screen was on top of this one
 
     def on_resize(self, _: events.Resize) -> None:

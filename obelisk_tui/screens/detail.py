@@ -21,10 +21,12 @@ from engine.views import (
     ResponseEntry,
 )
 from obelisk_tui import model, timeline
-from obelisk_tui.messages import DataChanged, Tick
+from obelisk_tui.messages import DataChanged, DelayKey, Tick
 from obelisk_tui.screens import actions
 from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
+from obelisk_tui.screens.event_json import EventJsonScreen
+from obelisk_tui.widgets.breadcrumb import Breadcrumb
 from obelisk_tui.widgets.children_tree import ChildrenTree
 from obelisk_tui.widgets.event_log import EventLog
 from obelisk_tui.widgets.key_footer import KeyFooter
@@ -78,6 +80,8 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         Binding("X", "explain('force_cancel')", show=False),
         Binding("S", "stub", "Stub"),
         Binding("S", "explain('stub')", show=False),
+        # The engine has no retry of a finished execution: a re-submit is the retry.
+        Binding("R", "resubmit", "Re-submit"),
         *[Binding(str(i + 1), f"tab('{t}')", t.title(), show=False) for i, t in enumerate(TABS)],
     ]
 
@@ -95,8 +99,14 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         self._sources: dict[str, ComponentSourceInfo | None] = {}
         self._backtraces: dict[int, BacktraceInfo | None] = {}
 
+    @property
+    def crumb(self) -> str:
+        """Its crumb in the breadcrumb."""
+        return self.execution_id
+
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
+        yield Breadcrumb(id="breadcrumb")
         yield Static(id="detail-title")
         with TabbedContent(id="tabs", initial="state"):
             with TabPane("1 State", id="state"), KeyScroll(id="state-scroll"):
@@ -122,10 +132,18 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
     def on_screen_resume(self) -> None:
         # Changes are announced to the top screen only: what happened while a dialog or
         # a child's screen was on top is shown now.
+        self.query_one(Breadcrumb).trail = self.trail()
         self.load()
 
     def on_tick(self, _: Tick) -> None:
-        pass
+        # Durations of what still runs grow ("12s so far"); no I/O.
+        if self.info is None:
+            return
+        if model.state_name(self.info["state"]) != "finished":
+            self._show_title()
+            self._show_state()
+        if self.active_tab == "children":
+            self.query_one(ChildrenTree).tick(self.obelisk.now())
 
     @property
     def active_tab(self) -> str:
@@ -172,7 +190,9 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
             if tab == "children":
                 descendants = await backend.descendants(eid)
                 if self.is_live:
-                    self.query_one(ChildrenTree).show(eid, descendants, self.events, self.responses)
+                    self.query_one(ChildrenTree).show(
+                        eid, descendants, self.events, self.responses, self.obelisk.now()
+                    )
             elif tab == "logs":
                 view = self.query_one(LogView)
                 lines = await backend.logs(eid, view.last_id)
@@ -193,15 +213,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         info = self.info
         if info is None:
             return
-        label, colour = model.state_label(info)
-        # The state first: on a narrow terminal the line is cut at its end.
-        title = Text(no_wrap=True, overflow="ellipsis")
-        title.append(f" {label} ", f"bold black on {colour}")
-        title.append(f" {info['execution_id']}", "bold")
-        title.append(f"  {info['ffqn']}")
-        if info["parent_id"]:
-            title.append(f"   parent {info['parent_id']} (P)", "dim")
-        self.query_one("#detail-title", Static).update(title)
+        self._show_title()
         self.query_one(EventLog).set_events(self.events)
         self._show_state()
         self.query_one("#result-view", Static).update(render_result(info))
@@ -209,6 +221,22 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         if applies != self._footer_state:  # Textual rebuilds the whole footer on each call
             self._footer_state = applies
             self.refresh_bindings()
+
+    def _show_title(self) -> None:
+        info = self.info
+        if info is None:
+            return
+        label, colour = model.state_label(info)
+        took = model.duration(info, self.obelisk.now(), model.finished_at(self.events))
+        # The state and duration first: on a narrow terminal the line is cut at its end.
+        title = Text(no_wrap=True, overflow="ellipsis")
+        title.append(f" {label} ", f"bold black on {colour}")
+        title.append(f" {took} ", "bold")
+        title.append(f" {info['execution_id']}", "bold")
+        title.append(f"  {info['ffqn']}")
+        if info["parent_id"]:
+            title.append(f"   parent {info['parent_id']} (P)", "dim")
+        self.query_one("#detail-title", Static).update(title)
 
     def _step(self) -> timeline.Step | None:
         if not self.steps:
@@ -238,11 +266,19 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
     def _event_activated(self, event: EventLog.Activated) -> None:
         log = self.query_one(EventLog)
         entry = log.events[event.index] if event.index < len(log.events) else None
-        child = model.requested_child(entry["event"]) if entry is not None else None
-        if child is None:
-            self.notify("enter opens the child that a child request row names", timeout=3)
+        if entry is None:
+            return
+        child = model.requested_child(entry["event"])
+        if child is None:  # any other event: what it holds, whole
+            self.app.push_screen(EventJsonScreen(self.execution_id, entry))
             return
         self.obelisk.open_execution(child)
+
+    @on(EventLog.RawWanted)
+    def _event_raw(self, event: EventLog.RawWanted) -> None:
+        log = self.query_one(EventLog)
+        if event.index < len(log.events):
+            self.app.push_screen(EventJsonScreen(self.execution_id, log.events[event.index]))
 
     @on(EventLog.CursorMoved)
     def _event_selected(self, event: EventLog.CursorMoved) -> None:
@@ -327,3 +363,58 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         ):
             return
         await actions.perform(self.obelisk, action, [self.info])
+
+    @work(group="actions")
+    async def action_resubmit(self) -> None:
+        """The same function and params (the `created` event's) as a new execution, after
+        a confirmation; then its screen."""
+        info = self.info
+        created = self.events[0]["event"] if self.events else None
+        if info is None or created is None or created.get("type") != "created":
+            self.notify("the execution is not loaded yet", severity="warning")
+            return
+        params = list(created.get("params") or [])
+        if not await self.app.push_screen_wait(
+            ConfirmScreen(model.resubmit_question(info, params))
+        ):
+            return
+        try:
+            new = await self.obelisk.backend.submit(info["ffqn"], params)
+        except ApiError as e:
+            self.notify(e.message, title="re-submit failed", severity="error", timeout=8)
+            return
+        retried = model.result_kind(info.get("result")) not in (None, "ok")
+        self.notify(
+            f"{'retried' if retried else 're-submitted'} {self.execution_id} as {new}"
+            + (" (a re-submit is the retry of a finished execution)" if retried else ""),
+            title="re-submit",
+        )
+        if self.is_live:
+            self.obelisk.open_execution(new)
+
+    # -- delays (the Events and Children tabs) -------------------------------------------
+    @on(DelayKey)
+    def _delay_key(self, message: DelayKey) -> None:
+        message.stop()
+        outcome = model.delay_outcomes(self.responses).get(message.delay_id, "waiting")
+        why = model.delay_refusal(message.action, message.delay_id, outcome)
+        if why is not None:
+            self.notify(why, title=f"cannot {message.action}", severity="warning", timeout=6)
+            return
+        self.cancel_delay(message.delay_id)
+
+    @work(group="actions")
+    async def cancel_delay(self, delay_id: str) -> None:
+        question = (
+            f"Cancel delay {delay_id}? {model.short_id(self.execution_id)} gets it as "
+            "finished (cancelled) at once, not at its expiry."
+        )
+        if not await self.app.push_screen_wait(ConfirmScreen(question)):
+            return
+        try:
+            await self.obelisk.backend.cancel_delay(delay_id)
+        except ApiError as e:
+            self.notify(e.message, title="cancel delay failed", severity="error", timeout=8)
+            return
+        self.notify(f"cancelled delay {delay_id}", title="cancel delay")
+        self.obelisk.request_refresh()

@@ -1,11 +1,17 @@
-"""`EventLog`: one row per version of an execution's log (line API: long logs are cheap)."""
+"""`EventLog`: one row per version of an execution's log (line API: long logs are cheap).
+
+`J` asks for the raw JSON of the event under the cursor (`RawWanted`); `c` / `p` / `u`
+on a delay request's row go to the screen as `DelayKey`."""
 
 from __future__ import annotations
 
 from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
 
 from engine.views import EventEntry
 from obelisk_tui import model
+from obelisk_tui.messages import DelayKey
 from obelisk_tui.widgets.row_list import RowList
 
 #: Colour of each event name.
@@ -33,11 +39,28 @@ class EventLog(RowList):
     EventLog { height: 1fr; }
     """
 
+    BINDINGS = [
+        Binding("J", "raw", "JSON"),
+        # Only on a delay request's row (`check_action`); elsewhere the screen's keys act
+        # on the execution.
+        Binding("c", "delay('cancel')", "Cancel delay"),
+        Binding("p", "delay('pause')", show=False),
+        Binding("u", "delay('unpause')", show=False),
+    ]
+
+    class RawWanted(Message):
+        """Show the raw JSON of row `index`."""
+
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id)
         self.events: list[EventEntry] = []
         #: The EVENT column: its usual width, wider when a longer name is in the log.
         self._name_width = NAME_WIDTH
+        self._on_delay = False
 
     def set_events(self, events: list[EventEntry]) -> None:
         """Show `events` (the whole log so far); the cursor follows new ones while it is
@@ -54,6 +77,37 @@ class EventLog(RowList):
             if self.cursor == len(events) - 1:  # no move, but what it is on is new
                 self.post_message(self.CursorMoved(self, self.cursor))
             self.move_cursor(len(events) - 1)
+
+    @property
+    def selected_delay(self) -> str | None:
+        """The delay that the row under the cursor requested, if it requested one."""
+        if not 0 <= self.cursor < len(self.events):
+            return None
+        return model.requested_delay(self.events[self.cursor]["event"])
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "delay":
+            return self.selected_delay is not None
+        if action == "raw":
+            return bool(self.events)
+        return True
+
+    def watch_cursor(self, old: int, new: int) -> None:
+        super().watch_cursor(old, new)
+        # `c` cancels a delay on its row, the execution elsewhere: the footer says which
+        # (rebuilt only when that changes: Textual rebuilds the whole footer).
+        on_delay = self.selected_delay is not None
+        if on_delay != self._on_delay:
+            self._on_delay = on_delay
+            self.refresh_bindings()
+
+    def action_delay(self, action: str) -> None:
+        if (delay := self.selected_delay) is not None:
+            self.post_message(DelayKey(delay, action))
+
+    def action_raw(self) -> None:
+        if self.events:
+            self.post_message(self.RawWanted(self.cursor))
 
     def row_count(self) -> int:
         return len(self.events)

@@ -36,6 +36,9 @@ def metadata(info: ExecutionInfo, events: list[EventEntry], now: datetime) -> Ta
         table.add_row("component", f"{component.get('name')}  {component.get('digest')}")
     table.add_row("created", str(info["created_at"]))
     table.add_row("updated", str(info["updated_at"]))
+    finished = model.finished_at(events)
+    took = model.duration(info, now, finished)
+    table.add_row("duration", f"{took}  (created → {'finished' if finished else 'now'})")
     if info.get("scheduled_at"):
         table.add_row("pending at", str(info["scheduled_at"]))
     under = model.state_name(model.underlying(info["state"]))

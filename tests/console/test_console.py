@@ -410,10 +410,10 @@ async def test_detail_actions_on_a_waiting_workflow(console_engine: Engine) -> N
         order, approval = await blocked_order(engine, pilot)
         await open_detail(app, pilot, order)
         await pilot.press("p")
-        await until(pilot, lambda: "paused" in screen_text(app).split("\n")[1], what="paused title")
+        await until(pilot, lambda: "paused" in screen_text(app).split("\n")[2], what="paused title")
         assert await state_of(engine, order) == "paused"
         await pilot.press("u")
-        await until(pilot, lambda: "blocked" in screen_text(app).split("\n")[1], what="unpaused")
+        await until(pilot, lambda: "blocked" in screen_text(app).split("\n")[2], what="unpaused")
         await pilot.press("2")  # the Events tab follows the log as it grows
         log = app.screen.query_one(EventLog)
         await until(pilot, lambda: bool(log.events), what="the events")
@@ -421,7 +421,7 @@ async def test_detail_actions_on_a_waiting_workflow(console_engine: Engine) -> N
         await engine.stub(approval, {"ok": True})
         await until(
             pilot,
-            lambda: "finished ok" in screen_text(app).split("\n")[1],
+            lambda: "finished ok" in screen_text(app).split("\n")[2],
             what="the workflow to finish live",
         )
         await until(pilot, lambda: log.events[-1]["event"]["type"] == "finished", what="finished")

@@ -369,10 +369,10 @@ async def _browse(page: Page, api_url: str, tmp_path: Path) -> None:
         f"the detail view of {chosen.shown_id}",
         lambda s: "1 State" in s and "2 Events" in s and VERSION_RE.search(s) and "execution " in s,
     )
-    title = screen.splitlines()[1].split()
+    title = screen.splitlines()[2].split()
     execution_id = next((w for w in title if w.startswith("E_")), "")  # after the state
     assert chosen.is_shown_id_of(execution_id), f"opened {title}, wanted {chosen}\n{screen}"
-    assert chosen.ffqn in screen.splitlines()[1], screen
+    assert chosen.ffqn in screen.splitlines()[2], screen
     for box in ("PendingAt", "Locked", "BlockedByJoinSet", "Finished"):
         assert box in screen, f"the state diagram lacks {box}\n{screen}"
     assert any(line.split()[:2] == ["execution", execution_id] for line in screen.splitlines()), (

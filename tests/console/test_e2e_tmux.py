@@ -350,12 +350,12 @@ def _run_session(tmux: Tmux) -> None:
             and "2 Events" in s
             and "events " in s
             and VERSION_RE.search(s)
-            and len(s.splitlines()) > 1
-            and chosen.ffqn in s.splitlines()[1]
+            and len(s.splitlines()) > 2
+            and chosen.ffqn in s.splitlines()[2]
             and "state now: " in s
         ),
     )
-    detail_title = screen.splitlines()[1]
+    detail_title = screen.splitlines()[2]
     full_id = next((w for w in detail_title.split() if w.startswith("E_")), "")  # after the state
     assert chosen.is_shown_id_of(full_id), f"opened {full_id}, wanted the row {chosen}\n{screen}"
     assert chosen.ffqn in detail_title, screen
