@@ -168,6 +168,79 @@ def refusal(action: str, info: ExecutionInfo) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------
+# Text that does not fit: never cut silently
+# ---------------------------------------------------------------------------------------
+
+#: Where a shortened id keeps its start: `E_` and the first characters of the ULID.
+ID_HEAD = 6
+
+
+def short_id(execution_id: str, width: int) -> str:
+    """An id in `width` columns: its start and, after an ellipsis, as much of its end as
+    fits (`E_01M9…XYNVK.o:1-approve_1`): children of one parent differ at the end."""
+    if len(execution_id) <= width:
+        return execution_id
+    if width <= 1:
+        return "…"[: max(0, width)]
+    head = min(ID_HEAD, (width - 1) // 3)
+    return execution_id[:head] + "…" + execution_id[len(execution_id) - (width - head - 1) :]
+
+
+def short_end(text: str, width: int) -> str:
+    """`text` in `width` columns keeping its end (FFQNs: `…demo/activity.step`, the
+    interface and function tell them apart, the shared namespace does not)."""
+    if len(text) <= width:
+        return text
+    return "…" + text[len(text) - width + 1 :] if width > 1 else "…"[: max(0, width)]
+
+
+def cut_words(text: str, width: int) -> str:
+    """`text` in `width` columns, cut at a space (not inside a time, an id or a word)
+    with an ellipsis; a first word longer than the width keeps its start."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[: max(0, width)]
+    space = text.rfind(" ", 0, width)
+    end = space if space > 0 else width - 1
+    return text[:end].rstrip() + "…"
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """`text` wrapped at spaces into lines of at most `width` columns (its own line
+    breaks kept); a word longer than a line (an id) gets a line of its own, whole."""
+    lines: list[str] = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            if line and len(line) + 1 + len(word) > width:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    return lines
+
+
+def detail_title(label: str, execution_id: str, ffqn: str, parent: str | None, width: int) -> tuple[str, str, str]:
+    """The detail title's id, FFQN and parent parts fitted into `width` columns after
+    the state label (` label `): the FFQN stays (shortened at its start if need be),
+    the id keeps its distinguishing end, the parent goes first."""
+    room = width - len(label) - 2 - 1 - 2  # ` label `, a space, two before the FFQN
+    parent_part = f"   parent {parent} (P)" if parent else ""
+    if len(execution_id) + len(ffqn) + len(parent_part) <= room:
+        return execution_id, ffqn, parent_part
+    parent_part = "   parent: P" if parent else ""
+    room -= len(parent_part)
+    if len(execution_id) + len(ffqn) > room:
+        # The id keeps at least ~20 columns, the FFQN gets the rest (at least ~16).
+        id_width = max(min(len(execution_id), room - len(ffqn)), min(len(execution_id), 20))
+        execution_id = short_id(execution_id, id_width)
+        ffqn = short_end(ffqn, max(room - len(execution_id), 16))
+    return execution_id, ffqn, parent_part
+
+
+# ---------------------------------------------------------------------------------------
 # Times
 # ---------------------------------------------------------------------------------------
 
@@ -479,6 +552,31 @@ def format_filter(query: ExecutionQuery) -> str:
     if query.top_level_only:
         words.append("top")
     return " ".join(words)
+
+
+def list_title(total: int | None, query: ExecutionQuery, marked: int, width: int) -> str:
+    """The executions list's title line in `width` columns: the count, the order, the
+    filter and the marks. When it does not fit the order goes first, then the filter's
+    FFQN is shortened at its start: the filter stays readable, `ffqn:` part included."""
+    count = "" if total is None else f"{total:,} "
+    noun = "execution" if total == 1 else "executions"
+
+    def title(q: ExecutionQuery, with_order: bool) -> str:
+        text = f" {count}{noun}"
+        if with_order:
+            text += f" · {ORDER_TITLES[q.order]}"
+        if q.is_filtered:
+            text += f" · filter: {format_filter(q)}"
+        return text + (f" · {marked} marked" if marked else "")
+
+    for with_order in (True, False):
+        if len(text := title(query, with_order)) <= width:
+            return text
+    if query.ffqn_prefix:
+        placeholder = len(title(replace(query, ffqn_prefix="x"), False)) - 1
+        ffqn = short_end(query.ffqn_prefix, max(width - placeholder, 12))
+        text = title(replace(query, ffqn_prefix=ffqn), False)
+    return cut_words(text, width)
 
 
 def next_order(query: ExecutionQuery) -> ExecutionQuery:

@@ -193,15 +193,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         info = self.info
         if info is None:
             return
-        label, colour = model.state_label(info)
-        # The state first: on a narrow terminal the line is cut at its end.
-        title = Text(no_wrap=True, overflow="ellipsis")
-        title.append(f" {label} ", f"bold black on {colour}")
-        title.append(f" {info['execution_id']}", "bold")
-        title.append(f"  {info['ffqn']}")
-        if info["parent_id"]:
-            title.append(f"   parent {info['parent_id']} (P)", "dim")
-        self.query_one("#detail-title", Static).update(title)
+        self._show_title()
         self.query_one(EventLog).set_events(self.events)
         self._show_state()
         self.query_one("#result-view", Static).update(render_result(info))
@@ -209,6 +201,27 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         if applies != self._footer_state:  # Textual rebuilds the whole footer on each call
             self._footer_state = applies
             self.refresh_bindings()
+
+    def _show_title(self) -> None:
+        """The state, id, FFQN and parent, fitted to the line (`model.detail_title`)."""
+        info = self.info
+        if info is None:
+            return
+        label, colour = model.state_label(info)
+        widget = self.query_one("#detail-title", Static)
+        width = widget.size.width or self.app.size.width
+        eid, ffqn, parent = model.detail_title(
+            label, info["execution_id"], info["ffqn"], info["parent_id"], width
+        )
+        title = Text(no_wrap=True, overflow="ellipsis")
+        title.append(f" {label} ", f"bold black on {colour}")
+        title.append(f" {eid}", "bold")
+        title.append(f"  {ffqn}")
+        title.append(parent, "dim")
+        widget.update(title)
+
+    def on_resize(self) -> None:
+        self._show_title()
 
     def _step(self) -> timeline.Step | None:
         if not self.steps:

@@ -46,6 +46,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         super().__init__()
         self.query_state = ExecutionQuery()
         self._footer_state: tuple[bool, ...] = ()
+        self._title_total: int | None = None
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -98,16 +99,16 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         self._refresh_footer()
 
     def _update_title(self, total: int | None = None) -> None:
-        q = self.query_state
-        count = "" if total is None else f"{total:,} "
-        noun = "execution" if total == 1 else "executions"
-        text = f" {count}{noun} · {model.ORDER_TITLES[q.order]}"
-        if q.is_filtered:
-            text += f" · filter: {model.format_filter(q)}"
-        lst = self.query_one(ExecutionList)
-        if lst.marked:
-            text += f" · {len(lst.marked)} marked"
-        self.query_one("#list-title", Static).update(text)
+        if total is not None:
+            self._title_total = total
+        title = self.query_one("#list-title", Static)
+        marked = len(self.query_one(ExecutionList).marked)
+        # Fitted to the line (a long filter wrapped out of sight): re-fitted on resize.
+        width = title.size.width or self.app.size.width
+        title.update(model.list_title(self._title_total, self.query_state, marked, width))
+
+    def on_resize(self) -> None:
+        self._update_title()
 
     @on(ExecutionList.WindowWanted)
     def _window_wanted(self, event: ExecutionList.WindowWanted) -> None:
