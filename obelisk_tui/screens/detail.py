@@ -23,7 +23,7 @@ from engine.views import (
 from obelisk_tui import model, timeline
 from obelisk_tui.messages import DataChanged, Tick
 from obelisk_tui.screens import actions
-from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.screens.base import HEADER_ICON, ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.widgets.children_tree import ChildrenTree
 from obelisk_tui.widgets.event_log import EventLog
@@ -96,7 +96,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         self._backtraces: dict[int, BacktraceInfo | None] = {}
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield Header(show_clock=False, icon=HEADER_ICON)
         yield Static(id="detail-title")
         with TabbedContent(id="tabs", initial="state"):
             with TabPane("1 State", id="state"), KeyScroll(id="state-scroll"):

@@ -16,7 +16,7 @@ from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, Tick
 from obelisk_tui.model import ExecutionQuery
 from obelisk_tui.screens import actions
-from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.screens.base import HEADER_ICON, ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.widgets.execution_list import ExecutionList
 from obelisk_tui.widgets.key_footer import KeyFooter
@@ -49,7 +49,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         self._title_total: int | None = None
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield Header(show_clock=False, icon=HEADER_ICON)
         yield StateCounts(id="counts")
         yield Static(id="list-title")
         yield Input(

@@ -1,0 +1,53 @@
+"""The console at 80×24: nothing cut silently (ids keep their end, titles their FFQN),
+toasts wrapped between words, state colours from the theme, the header's glyph."""
+
+from __future__ import annotations
+
+from engine.engine import Engine
+from obelisk_tui.screens.detail import ExecutionDetailScreen
+from tests.console.conftest import APPROVE, ORDER, open_console, screen_text, until
+
+NARROW = (80, 24)
+
+
+async def test_ids_and_titles_at_80_columns(console_engine: Engine) -> None:
+    engine = console_engine
+    order = await engine.submit(ORDER, ["o-1"])
+    approval = f"{order}.o:1-approve_1"
+    async with open_console(engine, size=NARROW) as (app, pilot):
+        await until(pilot, lambda: "approve_1" in screen_text(app), what="the approval's row")
+        text = screen_text(app)
+        # The child's distinguishing end, an ellipsis where the id is cut; the age stays.
+        assert f"{order[:6]}…" in text and ".o:1-approve_1" in text
+        assert "AGE" in text
+        await pilot.press("slash", *"ffqn:test:console/workflow.order-cancellable", "enter")
+        await until(
+            pilot,
+            lambda: "ffqn:test:console/workflow.order-cancellable" in screen_text(app),
+            what="the filter's FFQN in the title",
+        )
+        await pilot.press("escape")
+        app.open_execution(approval)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
+        await until(pilot, lambda: APPROVE in screen_text(app), what="the FFQN in the title")
+        assert ".o:1-approve_1" in screen_text(app).splitlines()[1]
+
+
+async def test_the_header_has_no_missing_glyph(console_engine: Engine) -> None:
+    async with open_console(console_engine, size=NARROW) as (app, _):
+        header = screen_text(app).splitlines()[0]
+        assert "Obelisk" in header
+        # Not in the browser's font (Roboto Mono) nor the PNGs': a box there.
+        assert not any(0x2500 <= ord(ch) for ch in header if ch not in "—·…")
+
+
+def test_a_served_console_names_the_served_url_not_the_api() -> None:
+    from obelisk_tui.backend import RestBackend
+    from obelisk_tui.cli import parser
+
+    args = parser().parse_args(
+        ["--attach", "http://127.0.0.1:41234", "--served-at", "http://127.0.0.1:8000"]
+    )
+    backend = RestBackend(args.attach, None, served_at=args.served_at)
+    assert "http://127.0.0.1:8000" in backend.label
+    assert "41234" not in backend.label
