@@ -45,8 +45,8 @@ STATE_SHORT: dict[str, str] = {
     "finished": "finished",
 }
 
-#: Colours that read on dark and light backgrounds.
-STATE_COLOURS: dict[str, str] = {
+#: Colours before a theme is applied (and where a theme names no colour).
+DEFAULT_STATE_COLOURS: dict[str, str] = {
     "pending_at": "#d7a94b",
     "locked": "#4f9fe8",
     "blocked_by_join_set": "#b07fe0",
@@ -56,6 +56,85 @@ STATE_COLOURS: dict[str, str] = {
     "err": "#e0606a",
     "failed": "#c94f4f",
 }
+#: The states' colours in the current theme: the app updates it on every theme change
+#: (`state_colours`), in place, so every renderer reads the theme's.
+STATE_COLOURS: dict[str, str] = dict(DEFAULT_STATE_COLOURS)
+
+
+#: The theme colour (a Textual theme variable) each state's colour comes from.
+STATE_THEME_VARIABLES: dict[str, str] = {
+    "pending_at": "warning",
+    "locked": "primary",
+    "blocked_by_join_set": "accent",
+    "paused": "secondary",
+    "cancelling": "error",
+    "finished": "success",
+    "err": "error",
+    "failed": "error",
+}
+#: The least contrast (WCAG ratio) of a state's colour against the background.
+MIN_CONTRAST = 3.0
+
+
+def _rgb(colour: str) -> tuple[int, int, int] | None:
+    if len(colour) != 7 or not colour.startswith("#"):
+        return None
+    try:
+        return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+    except ValueError:
+        return None
+
+
+def _luminance(rgb: tuple[int, int, int]) -> float:
+    def channel(c: int) -> float:
+        v = c / 255
+        return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(c) for c in rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: str, b: str) -> float:
+    """The WCAG contrast ratio of two `#rrggbb` colours (1 when one is not one)."""
+    ra, rb = _rgb(a), _rgb(b)
+    if ra is None or rb is None:
+        return 1.0
+    la, lb = sorted((_luminance(ra), _luminance(rb)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+def text_on(colour: str) -> str:
+    """Black or white, whichever reads on `colour` (a state's label on its colour)."""
+    return "black" if contrast(colour, "#000000") >= contrast(colour, "#ffffff") else "white"
+
+
+def readable(colour: str, background: str) -> str:
+    """`colour`, mixed towards white (dark backgrounds) or black (light ones) until it
+    has `MIN_CONTRAST` against `background`."""
+    rgb, bg = _rgb(colour), _rgb(background)
+    if rgb is None or bg is None:
+        return colour
+    target = 255 if _luminance(bg) < 0.5 else 0
+    out = colour
+    for step in range(11):
+        mixed = tuple(round(c + (target - c) * step / 10) for c in rgb)
+        out = "#{:02x}{:02x}{:02x}".format(*mixed)
+        if contrast(out, background) >= MIN_CONTRAST:
+            break
+    return out
+
+
+def state_colours(theme: dict[str, str]) -> dict[str, str]:
+    """The states' colours from a theme's variables (`primary`, `success`, …, and
+    `background`), each readable on that background; the defaults where the theme
+    names no `#rrggbb` colour (the ANSI themes)."""
+    background = theme.get("background", "#000000")
+    out = dict(DEFAULT_STATE_COLOURS)
+    for state, variable in STATE_THEME_VARIABLES.items():
+        colour = theme.get(variable, "")
+        base = colour.upper() if _rgb(colour) is not None else DEFAULT_STATE_COLOURS[state]
+        out[state] = readable(base, background)
+    return out
 
 
 def state_name(state: dict[str, Any]) -> str:

@@ -214,7 +214,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
             label, info["execution_id"], info["ffqn"], info["parent_id"], width
         )
         title = Text(no_wrap=True, overflow="ellipsis")
-        title.append(f" {label} ", f"bold black on {colour}")
+        title.append(f" {label} ", f"bold {model.text_on(colour)} on {colour}")
         title.append(f" {eid}", "bold")
         title.append(f"  {ffqn}")
         title.append(parent, "dim")

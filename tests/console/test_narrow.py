@@ -51,3 +51,31 @@ def test_a_served_console_names_the_served_url_not_the_api() -> None:
     backend = RestBackend(args.attach, None, served_at=args.served_at)
     assert "http://127.0.0.1:8000" in backend.label
     assert "41234" not in backend.label
+
+
+async def test_state_colours_follow_the_theme(console_engine: Engine) -> None:
+    from obelisk_tui import model
+    from obelisk_tui.widgets.execution_list import ExecutionList
+
+    engine = console_engine
+    await engine.submit(ORDER, ["o-1"])
+
+    def row_colours(app: object) -> set[str]:
+        lst = app.screen.query_one(ExecutionList)  # type: ignore[attr-defined]
+        row = lst.render_row(0, lst.size.width)
+        return {str(span.style) for span in row.spans} if row is not None else set()
+
+    async with open_console(engine, size=NARROW) as (app, pilot):
+        await until(pilot, lambda: "approve_1" in screen_text(app), what="rows")
+        app.theme = "textual-dark"
+        await pilot.pause()
+        dark = dict(model.STATE_COLOURS)
+        dark_row = row_colours(app)
+        app.theme = "textual-light"
+        await until(pilot, lambda: model.STATE_COLOURS != dark, what="the light theme's colours")
+        background = app.current_theme.to_color_system().generate()["background"]
+        for state in ("pending_at", "locked", "blocked_by_join_set", "finished", "err"):
+            assert model.contrast(model.STATE_COLOURS[state], background) >= 3.0, state
+        assert row_colours(app) != dark_row  # what the list renders follows
+        app.theme = "textual-dark"
+        await until(pilot, lambda: model.STATE_COLOURS == dark, what="back to dark")
