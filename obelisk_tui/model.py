@@ -301,6 +301,15 @@ def wrap_words(text: str, width: int) -> list[str]:
     return lines
 
 
+def name_executions(ids: list[str], limit: int = 4) -> list[str]:
+    """One line per execution (a batch's confirmation and result), at most `limit`,
+    then how many more."""
+    lines = list(ids[:limit])
+    if len(ids) > limit:
+        lines.append(f"… and {len(ids) - limit} more")
+    return lines
+
+
 def detail_title(label: str, execution_id: str, ffqn: str, parent: str | None, width: int) -> tuple[str, str, str]:
     """The detail title's id, FFQN and parent parts fitted into `width` columns after
     the state label (` label `): the FFQN stays (shortened at its start if need be),

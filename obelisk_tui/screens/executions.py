@@ -212,8 +212,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         lst = self.query_one(ExecutionList)
         targets = lst.targets()
         if action == "cancel":
-            what = targets[0]["execution_id"] if len(targets) == 1 else f"{len(targets)} executions"
-            if not await self.app.push_screen_wait(ConfirmScreen(f"Cancel {what}?")):
+            if not await self.app.push_screen_wait(ConfirmScreen(actions.cancel_question(targets))):
                 return
         await actions.perform(self.obelisk, action, targets)
         if lst.marked:

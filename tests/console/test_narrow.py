@@ -79,3 +79,31 @@ async def test_state_colours_follow_the_theme(console_engine: Engine) -> None:
         assert row_colours(app) != dark_row  # what the list renders follows
         app.theme = "textual-dark"
         await until(pilot, lambda: model.STATE_COLOURS == dark, what="back to dark")
+
+
+async def test_batch_cancel_names_the_executions_and_reports_one_per_line(
+    console_engine: Engine,
+) -> None:
+    engine = console_engine
+    orders = [await engine.submit(ORDER, [f"o-{i}"]) for i in range(2)]
+    async with open_console(engine, size=NARROW) as (app, pilot):
+        await pilot.press("slash", *f"ffqn:{ORDER}", "enter")
+        await until(
+            pilot, lambda: all(o in screen_text(app) for o in orders), what="both orders listed"
+        )
+        await pilot.press("g", "m", "m", "c")
+        # The confirmation names both, whole.
+        await until(
+            pilot,
+            lambda: "Cancel 2 executions?" in screen_text(app)
+            and all(o in screen_text(app) for o in orders),
+            what="the confirmation naming both",
+        )
+        await pilot.press("y")
+
+        def result() -> list[str]:
+            found = [str(n.message) for n in app._notifications if "2 executions:" in str(n.message)]
+            return found[0].splitlines() if found else []
+
+        await until(pilot, lambda: bool(result()), what="the result toast")
+        assert sorted(result()[1:]) == sorted(orders)  # one line each, whole
