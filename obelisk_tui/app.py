@@ -139,7 +139,9 @@ class ObeliskApp(App[None]):
         """State colours come from the theme, readable on its background."""
         from obelisk_tui import model
 
-        model.STATE_COLOURS.update(model.state_colours(self.current_theme.to_color_system().generate()))
+        model.STATE_COLOURS.update(
+            model.state_colours(self.current_theme.to_color_system().generate())
+        )
         if self.backend is not None:
             for screen in self.screen_stack:
                 screen.post_message(DataChanged())

@@ -302,10 +302,10 @@ async def _serve_web(
                 EmbeddedBackend(engine_server.engine, label="demo", owns_engine=False)
             )
             traffic.start()
+    served = http_url(host, port)
     # Each session's header names the served URL (where the operator is), not the API's.
     command = shlex.join(
-        [sys.executable, "-m", "obelisk_tui", "--attach", api_url]
-        + ["--served-at", http_url(host, port)]
+        [sys.executable, "-m", "obelisk_tui", "--attach", api_url, "--served-at", served]
     )
     server = ConsoleServer(
         command, host=host, port=port, token=token, max_sessions=args.serve_max_sessions

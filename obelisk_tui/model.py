@@ -310,7 +310,9 @@ def name_executions(ids: list[str], limit: int = 4) -> list[str]:
     return lines
 
 
-def detail_title(label: str, execution_id: str, ffqn: str, parent: str | None, width: int) -> tuple[str, str, str]:
+def detail_title(
+    label: str, execution_id: str, ffqn: str, parent: str | None, width: int
+) -> tuple[str, str, str]:
     """The detail title's id, FFQN and parent parts fitted into `width` columns after
     the state label (` label `): the FFQN stays (shortened at its start if need be),
     the id keeps its distinguishing end, the parent goes first."""

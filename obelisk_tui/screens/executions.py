@@ -211,9 +211,9 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
     async def action_act(self, action: str) -> None:
         lst = self.query_one(ExecutionList)
         targets = lst.targets()
-        if action == "cancel":
-            if not await self.app.push_screen_wait(ConfirmScreen(actions.cancel_question(targets))):
-                return
+        question = actions.cancel_question(targets)
+        if action == "cancel" and not await self.app.push_screen_wait(ConfirmScreen(question)):
+            return
         await actions.perform(self.obelisk, action, targets)
         if lst.marked:
             lst.action_clear_marks()

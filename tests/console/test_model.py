@@ -536,8 +536,11 @@ def test_the_list_title_keeps_the_filters_ffqn() -> None:
 
 def test_the_detail_title_keeps_the_ffqn() -> None:
     eid, ffqn, parent = model.detail_title(
-        "pending", "E_01M94NJDAKZ8M907WD2CBK80HY.o:1-approve_1", "test:console/approval.approve",
-        "E_01M94NJDAKZ8M907WD2CBK80HY", 80,
+        "pending",
+        "E_01M94NJDAKZ8M907WD2CBK80HY.o:1-approve_1",
+        "test:console/approval.approve",
+        "E_01M94NJDAKZ8M907WD2CBK80HY",
+        80,
     )
     assert eid.endswith(".o:1-approve_1") and ffqn.endswith("approval.approve")
     assert len(" pending ") + 1 + len(eid) + 2 + len(ffqn) + len(parent) <= 80

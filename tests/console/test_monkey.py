@@ -25,8 +25,8 @@ import unicodedata
 
 from textual import events
 from textual.app import App
-from textual.keys import _get_unicode_name_from_key  # noqa: PLC2701 (as Pilot.press does)
 from textual.binding import Binding
+from textual.keys import _get_unicode_name_from_key
 from textual.pilot import Pilot
 
 import obelisk_tui.screens
@@ -62,7 +62,9 @@ def bound_keys() -> list[str]:
         for info in pkgutil.iter_modules(package.__path__):
             module = importlib.import_module(f"{package.__name__}.{info.name}")
             classes += [
-                c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__
+                c
+                for _, c in inspect.getmembers(module, inspect.isclass)
+                if c.__module__ == module.__name__
             ]
     keys: set[str] = set()
     for cls in classes:
@@ -140,7 +142,7 @@ async def _settle(app: ObeliskApp, engine: Engine, pilot: Pilot[None]) -> None:
                 ok: object = True if info["ffqn"] == APPROVE else None
                 try:
                     await engine.stub(eid, {"ok": ok})
-                except Exception:  # noqa: BLE001 (finished meanwhile, or a stub of another type)
+                except Exception:
                     await engine.cancel(eid)
         return not unfinished
 

@@ -38,7 +38,7 @@ async def test_the_header_has_no_missing_glyph(console_engine: Engine) -> None:
         header = screen_text(app).splitlines()[0]
         assert "Obelisk" in header
         # Not in the browser's font (Roboto Mono) nor the PNGs': a box there.
-        assert not any(0x2500 <= ord(ch) for ch in header if ch not in "—·…")
+        assert not any(ord(ch) >= 0x2500 for ch in header if ch not in "—·…")
 
 
 def test_a_served_console_names_the_served_url_not_the_api() -> None:
@@ -72,13 +72,13 @@ async def test_state_colours_follow_the_theme(console_engine: Engine) -> None:
         dark = dict(model.STATE_COLOURS)
         dark_row = row_colours(app)
         app.theme = "textual-light"
-        await until(pilot, lambda: model.STATE_COLOURS != dark, what="the light theme's colours")
+        await until(pilot, lambda: dark != model.STATE_COLOURS, what="the light theme's colours")
         background = app.current_theme.to_color_system().generate()["background"]
         for state in ("pending_at", "locked", "blocked_by_join_set", "finished", "err"):
             assert model.contrast(model.STATE_COLOURS[state], background) >= 3.0, state
         assert row_colours(app) != dark_row  # what the list renders follows
         app.theme = "textual-dark"
-        await until(pilot, lambda: model.STATE_COLOURS == dark, what="back to dark")
+        await until(pilot, lambda: dark == model.STATE_COLOURS, what="back to dark")
 
 
 async def test_batch_cancel_names_the_executions_and_reports_one_per_line(
@@ -95,14 +95,18 @@ async def test_batch_cancel_names_the_executions_and_reports_one_per_line(
         # The confirmation names both, whole.
         await until(
             pilot,
-            lambda: "Cancel 2 executions?" in screen_text(app)
-            and all(o in screen_text(app) for o in orders),
+            lambda: (
+                "Cancel 2 executions?" in screen_text(app)
+                and all(o in screen_text(app) for o in orders)
+            ),
             what="the confirmation naming both",
         )
         await pilot.press("y")
 
         def result() -> list[str]:
-            found = [str(n.message) for n in app._notifications if "2 executions:" in str(n.message)]
+            found = [
+                str(n.message) for n in app._notifications if "2 executions:" in str(n.message)
+            ]
             return found[0].splitlines() if found else []
 
         await until(pilot, lambda: bool(result()), what="the result toast")
