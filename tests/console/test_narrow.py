@@ -111,3 +111,23 @@ async def test_batch_cancel_names_the_executions_and_reports_one_per_line(
 
         await until(pilot, lambda: bool(result()), what="the result toast")
         assert sorted(result()[1:]) == sorted(orders)  # one line each, whole
+
+
+async def test_first_and_last_in_an_empty_children_tab(console_engine: Engine) -> None:
+    """Found by the monkey (seed 4): `g` on the Children tab before it has lines."""
+    from tests.console.conftest import STEP
+
+    engine = console_engine
+    eid = await engine.submit(STEP, [1])
+    async with open_console(engine, size=NARROW) as (app, pilot):
+        app.open_execution(eid)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
+        from obelisk_tui.widgets.children_tree import ChildrenTree
+
+        await pilot.press("3")
+        await until(pilot, lambda: bool(app.screen.query(ChildrenTree)), what="the tab")
+        tree = app.screen.query_one(ChildrenTree)
+        tree.clear()  # no lines (its root hidden), as before the tab's first load
+        tree.action_first()  # what `g` / `G` call, before the tree has lines again
+        tree.action_last()
+        await pilot.pause()
