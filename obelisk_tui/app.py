@@ -121,6 +121,8 @@ class ObeliskApp(App[None]):
 
     # -- start and stop ------------------------------------------------------------------
     async def on_mount(self) -> None:
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
+        self._theme_changed()
         self.push_screen(ConnectingScreen(self._what))
         self.start()
 
@@ -153,6 +155,18 @@ class ObeliskApp(App[None]):
             await close()
         if self.backend is not None:
             await self.backend.close()
+
+    def _theme_changed(self, _: object = None) -> None:
+        """State colours come from the theme, readable on its background."""
+        from obelisk_tui import model
+
+        model.STATE_COLOURS.update(
+            model.state_colours(self.current_theme.to_color_system().generate())
+        )
+        if self.backend is not None:
+            for screen in self.screen_stack:
+                screen.post_message(DataChanged())
+                screen.refresh(repaint=True)
 
     # -- a bug in a screen is not the end of the engine ---------------------------------
     def _handle_exception(self, error: Exception) -> None:

@@ -250,9 +250,14 @@ class RestBackend:
     #: Seconds an ordinary request may take; long polls add their own wait.
     timeout: float = 10.0
     _session: aiohttp.ClientSession | None = field(default=None, repr=False)
+    #: Where the operator is, when that is not the API (`--serve`: the served URL; the
+    #: API is then an internal loopback address).
+    served_at: str | None = None
 
     @property
     def label(self) -> str:
+        if self.served_at:
+            return f"served · {self.served_at}"
         return f"attached · {self.base_url}"
 
     @classmethod

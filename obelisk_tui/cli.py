@@ -92,6 +92,9 @@ def parser() -> argparse.ArgumentParser:
         help="with --serve: allow a non-loopback --serve-listen; anyone with the token who "
         "reaches it drives the engine (put TLS in front, e.g. a reverse proxy)",
     )
+    # Internal: `--serve` starts each browser session's console with the served URL,
+    # which its header shows instead of the loopback API URL it attaches to.
+    p.add_argument("--served-at", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -138,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         token = os.environ.get(TOKEN_ENV)
 
         async def connect() -> ConsoleBackend:
-            return await RestBackend.connect(url, token)
+            backend = await RestBackend.connect(url, token)
+            backend.served_at = args.served_at
+            return backend
 
         problem = api_url_problem(url)
         error = f"--attach {problem}" if problem else _preflight_attach(url, token)
@@ -298,7 +303,11 @@ async def _serve_web(
                 EmbeddedBackend(engine_server.engine, label="demo", owns_engine=False)
             )
             traffic.start()
-    command = shlex.join([sys.executable, "-m", "obelisk_tui", "--attach", api_url])
+    served = http_url(host, port)
+    # Each session's header names the served URL (where the operator is), not the API's.
+    command = shlex.join(
+        [sys.executable, "-m", "obelisk_tui", "--attach", api_url, "--served-at", served]
+    )
     server = ConsoleServer(
         command, host=host, port=port, token=token, max_sessions=args.serve_max_sessions
     )

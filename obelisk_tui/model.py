@@ -45,8 +45,8 @@ STATE_SHORT: dict[str, str] = {
     "finished": "finished",
 }
 
-#: Colours that read on dark and light backgrounds.
-STATE_COLOURS: dict[str, str] = {
+#: Colours before a theme is applied (and where a theme names no colour).
+DEFAULT_STATE_COLOURS: dict[str, str] = {
     "pending_at": "#d7a94b",
     "locked": "#4f9fe8",
     "blocked_by_join_set": "#b07fe0",
@@ -56,6 +56,85 @@ STATE_COLOURS: dict[str, str] = {
     "err": "#e0606a",
     "failed": "#c94f4f",
 }
+#: The states' colours in the current theme: the app updates it on every theme change
+#: (`state_colours`), in place, so every renderer reads the theme's.
+STATE_COLOURS: dict[str, str] = dict(DEFAULT_STATE_COLOURS)
+
+
+#: The theme colour (a Textual theme variable) each state's colour comes from.
+STATE_THEME_VARIABLES: dict[str, str] = {
+    "pending_at": "warning",
+    "locked": "primary",
+    "blocked_by_join_set": "accent",
+    "paused": "secondary",
+    "cancelling": "error",
+    "finished": "success",
+    "err": "error",
+    "failed": "error",
+}
+#: The least contrast (WCAG ratio) of a state's colour against the background.
+MIN_CONTRAST = 3.0
+
+
+def _rgb(colour: str) -> tuple[int, int, int] | None:
+    if len(colour) != 7 or not colour.startswith("#"):
+        return None
+    try:
+        return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+    except ValueError:
+        return None
+
+
+def _luminance(rgb: tuple[int, int, int]) -> float:
+    def channel(c: int) -> float:
+        v = c / 255
+        return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(c) for c in rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: str, b: str) -> float:
+    """The WCAG contrast ratio of two `#rrggbb` colours (1 when one is not one)."""
+    ra, rb = _rgb(a), _rgb(b)
+    if ra is None or rb is None:
+        return 1.0
+    la, lb = sorted((_luminance(ra), _luminance(rb)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+def text_on(colour: str) -> str:
+    """Black or white, whichever reads on `colour` (a state's label on its colour)."""
+    return "black" if contrast(colour, "#000000") >= contrast(colour, "#ffffff") else "white"
+
+
+def readable(colour: str, background: str) -> str:
+    """`colour`, mixed towards white (dark backgrounds) or black (light ones) until it
+    has `MIN_CONTRAST` against `background`."""
+    rgb, bg = _rgb(colour), _rgb(background)
+    if rgb is None or bg is None:
+        return colour
+    target = 255 if _luminance(bg) < 0.5 else 0
+    out = colour
+    for step in range(11):
+        mixed = tuple(round(c + (target - c) * step / 10) for c in rgb)
+        out = "#{:02x}{:02x}{:02x}".format(*mixed)
+        if contrast(out, background) >= MIN_CONTRAST:
+            break
+    return out
+
+
+def state_colours(theme: dict[str, str]) -> dict[str, str]:
+    """The states' colours from a theme's variables (`primary`, `success`, …, and
+    `background`), each readable on that background; the defaults where the theme
+    names no `#rrggbb` colour (the ANSI themes)."""
+    background = theme.get("background", "#000000")
+    out = dict(DEFAULT_STATE_COLOURS)
+    for state, variable in STATE_THEME_VARIABLES.items():
+        colour = theme.get(variable, "")
+        base = colour.upper() if _rgb(colour) is not None else DEFAULT_STATE_COLOURS[state]
+        out[state] = readable(base, background)
+    return out
 
 
 def state_name(state: dict[str, Any]) -> str:
@@ -165,6 +244,94 @@ def refusal(action: str, info: ExecutionInfo) -> str | None:
         )
         return None if refused is None else str(refused)
     return f"unknown action {action}"
+
+
+# ---------------------------------------------------------------------------------------
+# Text that does not fit: never cut silently
+# ---------------------------------------------------------------------------------------
+
+#: Where a shortened id keeps its start: `E_` and the first characters of the ULID.
+ID_HEAD = 6
+
+
+def short_id(execution_id: str, width: int = 11) -> str:
+    """An id in `width` columns: its start and, after an ellipsis, as much of its end as
+    fits (`E_01M9…XYNVK.o:1-approve_1`): children of one parent differ at the end. The
+    default, `E_01JA…7XQZ`, is the kind and creation time and the end that tells ids of
+    the same second apart (breadcrumbs)."""
+    if len(execution_id) <= width:
+        return execution_id
+    if width <= 1:
+        return "…"[: max(0, width)]
+    head = min(ID_HEAD, max(1, width - 5))
+    return execution_id[:head] + "…" + execution_id[len(execution_id) - (width - head - 1) :]
+
+
+def short_end(text: str, width: int) -> str:
+    """`text` in `width` columns keeping its end (FFQNs: `…demo/activity.step`, the
+    interface and function tell them apart, the shared namespace does not)."""
+    if len(text) <= width:
+        return text
+    return "…" + text[len(text) - width + 1 :] if width > 1 else "…"[: max(0, width)]
+
+
+def cut_words(text: str, width: int) -> str:
+    """`text` in `width` columns, cut at a space (not inside a time, an id or a word)
+    with an ellipsis; a first word longer than the width keeps its start."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[: max(0, width)]
+    space = text.rfind(" ", 0, width)
+    end = space if space > 0 else width - 1
+    return text[:end].rstrip() + "…"
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """`text` wrapped at spaces into lines of at most `width` columns (its own line
+    breaks kept); a word longer than a line (an id) gets a line of its own, whole."""
+    lines: list[str] = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            if line and len(line) + 1 + len(word) > width:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    return lines
+
+
+def name_executions(ids: list[str], limit: int = 4) -> list[str]:
+    """One line per execution (a batch's confirmation and result), at most `limit`,
+    then how many more."""
+    lines = list(ids[:limit])
+    if len(ids) > limit:
+        lines.append(f"… and {len(ids) - limit} more")
+    return lines
+
+
+def detail_title(
+    label: str, execution_id: str, ffqn: str, parent: str | None, width: int
+) -> tuple[str, str, str]:
+    """The detail title's id, FFQN and parent parts fitted into `width` columns after
+    the state label (` label `): the FFQN stays (shortened at its start if need be),
+    the id keeps its distinguishing end, the parent goes first (the breadcrumb above the
+    title names it too)."""
+    room = width - len(label) - 2 - 1 - 2  # ` label `, a space, two before the FFQN
+    parent_part = f"   parent {parent} (P)" if parent else ""
+    if len(execution_id) + len(ffqn) + len(parent_part) <= room:
+        return execution_id, ffqn, parent_part
+    # The breadcrumb above the title names the parent already.
+    parent_part = "   parent: P" if parent and len(execution_id) + len(ffqn) + 12 <= room else ""
+    room -= len(parent_part)
+    if len(execution_id) + len(ffqn) > room:
+        # The id keeps at least ~20 columns, the FFQN gets the rest (at least ~16).
+        id_width = max(min(len(execution_id), room - len(ffqn)), min(len(execution_id), 20))
+        execution_id = short_id(execution_id, id_width)
+        ffqn = short_end(ffqn, max(room - len(execution_id), 16))
+    return execution_id, ffqn, parent_part
 
 
 # ---------------------------------------------------------------------------------------
@@ -396,14 +563,6 @@ def delay_refusal(action: str, delay_id: str, outcome: str) -> str | None:
     return None
 
 
-def short_id(execution_id: str, head: int = 6, tail: int = 4) -> str:
-    """`E_01JA…7XQZ`: the start (its kind and creation time) and the end that tells ids
-    of the same second apart."""
-    if len(execution_id) <= head + tail + 1:
-        return execution_id
-    return f"{execution_id[:head]}…{execution_id[-tail:]}"
-
-
 def breadcrumb(trail: list[str], tail: int = 20) -> list[str]:
     """Labels of a screen stack: the names of screens ("executions", "components") as
     they are, an execution id shortened (`short_id`), a child of the crumb before as
@@ -615,6 +774,31 @@ def format_filter(query: ExecutionQuery) -> str:
     if query.top_level_only:
         words.append("top")
     return " ".join(words)
+
+
+def list_title(total: int | None, query: ExecutionQuery, marked: int, width: int) -> str:
+    """The executions list's title line in `width` columns: the count, the order, the
+    filter and the marks. When it does not fit the order goes first, then the filter's
+    FFQN is shortened at its start: the filter stays readable, `ffqn:` part included."""
+    count = "" if total is None else f"{total:,} "
+    noun = "execution" if total == 1 else "executions"
+
+    def title(q: ExecutionQuery, with_order: bool) -> str:
+        text = f" {count}{noun}"
+        if with_order:
+            text += f" · {ORDER_TITLES[q.order]}"
+        if q.is_filtered:
+            text += f" · filter: {format_filter(q)}"
+        return text + (f" · {marked} marked" if marked else "")
+
+    for with_order in (True, False):
+        if len(text := title(query, with_order)) <= width:
+            return text
+    if query.ffqn_prefix:
+        placeholder = len(title(replace(query, ffqn_prefix="x"), False)) - 1
+        ffqn = short_end(query.ffqn_prefix, max(width - placeholder, 12))
+        text = title(replace(query, ffqn_prefix=ffqn), False)
+    return cut_words(text, width)
 
 
 def next_order(query: ExecutionQuery) -> ExecutionQuery:

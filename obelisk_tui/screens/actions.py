@@ -48,9 +48,7 @@ def explain(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> None:
         return
     reasons = [r for r in (model.refusal(action, t) for t in targets) if r]
     app.notify(
-        reasons[0]
-        if len(reasons) == 1
-        else f"cannot {action}: {reasons[0]} (+{len(reasons) - 1} more)",
+        "\n".join(model.name_executions(reasons, 3)),
         title=f"cannot {action}",
         severity="warning",
     )
@@ -93,22 +91,33 @@ async def perform(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) ->
             done.append(eid)
         except ApiError as e:
             failed.append(f"{eid}: {e.message}")
-    parts = []
-    if done:
-        parts.append(
-            f"{VERBS[action]} {done[0]}"
-            if len(done) == 1
-            else f"{VERBS[action]} {len(done)} executions"
-        )
+    # One line per item: a batch's ids are read down a column, and a toast wraps its
+    # lines between words (never inside an id, see app.tcss's Toast width).
+    lines: list[str] = []
+    if len(done) == 1:
+        lines.append(f"{VERBS[action]} {done[0]}")
+    elif done:
+        lines += [f"{VERBS[action]} {len(done)} executions:", *model.name_executions(done)]
     if len(skipped) == 1:
-        parts.append(f"skipped: {skipped[0]}")
+        lines.append(f"skipped: {skipped[0]}")
     elif skipped:
-        parts.append(f"{len(skipped)} skipped, e.g. {skipped[0]}")
+        lines += [f"{len(skipped)} skipped:", *model.name_executions(skipped, 3)]
     if failed:
         app.notify(
-            "\n".join([*parts, *failed[:5]]), title=f"{action} failed", severity="error", timeout=8
+            "\n".join([*lines, *model.name_executions(failed, 5)]),
+            title=f"{action} failed",
+            severity="error",
+            timeout=8,
         )
-    elif parts:
-        app.notify("; ".join(parts), title=action)
+    elif lines:
+        app.notify("\n".join(lines), title=action)
     app.request_refresh()
     return len(done)
+
+
+def cancel_question(targets: list[ExecutionInfo]) -> str:
+    """The confirmation of a cancel: it names the executions (a batch one per line)."""
+    ids = [t["execution_id"] for t in targets]
+    if len(ids) == 1:
+        return f"Cancel {ids[0]}?"
+    return "\n".join([f"Cancel {len(ids)} executions?", *model.name_executions(ids, 3)])

@@ -11,6 +11,10 @@ if TYPE_CHECKING:
 
     from obelisk_tui.app import ObeliskApp
 
+#: The header's glyph: none. Textual's `⭘` (and every geometric shape) is missing from
+#: the browser's bundled font (Roboto Mono) and from the PNG snapshots' font: a box.
+HEADER_ICON = ""
+
 
 def is_live(node: DOMNode) -> bool:
     """Whether `node` is attached and not being torn down. A screen popped while one of

@@ -18,7 +18,7 @@ from engine.client import ApiError
 from engine.views import ComponentInfo, DeploymentInfo, upgrades_unchecked
 from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, DeploymentReloaded
-from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.screens.base import HEADER_ICON, ObeliskScreenMixin
 from obelisk_tui.widgets.breadcrumb import Breadcrumb
 from obelisk_tui.widgets.key_footer import KeyFooter
 
@@ -134,7 +134,7 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
         self.deployment: DeploymentInfo | None = None
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield Header(show_clock=False, icon=HEADER_ICON)
         yield Breadcrumb(id="breadcrumb")
         yield Static(id="reload-status")
         table: DataTable[str] = DataTable(id="components", cursor_type="row", zebra_stripes=True)

@@ -23,7 +23,7 @@ from engine.views import (
 from obelisk_tui import model, timeline
 from obelisk_tui.messages import DataChanged, DelayKey, Tick
 from obelisk_tui.screens import actions
-from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.screens.base import HEADER_ICON, ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.screens.event_json import EventJsonScreen
 from obelisk_tui.widgets.breadcrumb import Breadcrumb
@@ -105,7 +105,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         return self.execution_id
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield Header(show_clock=False, icon=HEADER_ICON)
         yield Breadcrumb(id="breadcrumb")
         yield Static(id="detail-title")
         with TabbedContent(id="tabs", initial="state"):
@@ -223,20 +223,29 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
             self.refresh_bindings()
 
     def _show_title(self) -> None:
+        """The state, duration, id, FFQN and parent, fitted to the line
+        (`model.detail_title`)."""
         info = self.info
         if info is None:
             return
         label, colour = model.state_label(info)
         took = model.duration(info, self.obelisk.now(), model.finished_at(self.events))
-        # The state and duration first: on a narrow terminal the line is cut at its end.
+        widget = self.query_one("#detail-title", Static)
+        width = widget.size.width or self.app.size.width
+        # The state and duration first; the id keeps its end, the FFQN stays.
+        eid, ffqn, parent = model.detail_title(
+            f"{label}  {took}", info["execution_id"], info["ffqn"], info["parent_id"], width
+        )
         title = Text(no_wrap=True, overflow="ellipsis")
-        title.append(f" {label} ", f"bold black on {colour}")
+        title.append(f" {label} ", f"bold {model.text_on(colour)} on {colour}")
         title.append(f" {took} ", "bold")
-        title.append(f" {info['execution_id']}", "bold")
-        title.append(f"  {info['ffqn']}")
-        if info["parent_id"]:
-            title.append(f"   parent {info['parent_id']} (P)", "dim")
-        self.query_one("#detail-title", Static).update(title)
+        title.append(f" {eid}", "bold")
+        title.append(f"  {ffqn}")
+        title.append(parent, "dim")
+        widget.update(title)
+
+    def on_resize(self) -> None:
+        self._show_title()
 
     def _step(self) -> timeline.Step | None:
         if not self.steps:

@@ -16,7 +16,7 @@ from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, Tick
 from obelisk_tui.model import ExecutionQuery
 from obelisk_tui.screens import actions
-from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.screens.base import HEADER_ICON, ObeliskScreenMixin
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.widgets.execution_list import ExecutionList
 from obelisk_tui.widgets.key_footer import KeyFooter
@@ -46,9 +46,10 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         super().__init__()
         self.query_state = ExecutionQuery()
         self._footer_state: tuple[bool, ...] = ()
+        self._title_total: int | None = None
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield Header(show_clock=False, icon=HEADER_ICON)
         yield StateCounts(id="counts")
         yield Static(id="list-title")
         yield Input(
@@ -98,16 +99,16 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         self._refresh_footer()
 
     def _update_title(self, total: int | None = None) -> None:
-        q = self.query_state
-        count = "" if total is None else f"{total:,} "
-        noun = "execution" if total == 1 else "executions"
-        text = f" {count}{noun} · {model.ORDER_TITLES[q.order]}"
-        if q.is_filtered:
-            text += f" · filter: {model.format_filter(q)}"
-        lst = self.query_one(ExecutionList)
-        if lst.marked:
-            text += f" · {len(lst.marked)} marked"
-        self.query_one("#list-title", Static).update(text)
+        if total is not None:
+            self._title_total = total
+        title = self.query_one("#list-title", Static)
+        marked = len(self.query_one(ExecutionList).marked)
+        # Fitted to the line (a long filter wrapped out of sight): re-fitted on resize.
+        width = title.size.width or self.app.size.width
+        title.update(model.list_title(self._title_total, self.query_state, marked, width))
+
+    def on_resize(self) -> None:
+        self._update_title()
 
     @on(ExecutionList.WindowWanted)
     def _window_wanted(self, event: ExecutionList.WindowWanted) -> None:
@@ -210,10 +211,9 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
     async def action_act(self, action: str) -> None:
         lst = self.query_one(ExecutionList)
         targets = lst.targets()
-        if action == "cancel":
-            what = targets[0]["execution_id"] if len(targets) == 1 else f"{len(targets)} executions"
-            if not await self.app.push_screen_wait(ConfirmScreen(f"Cancel {what}?")):
-                return
+        question = actions.cancel_question(targets)
+        if action == "cancel" and not await self.app.push_screen_wait(ConfirmScreen(question)):
+            return
         await actions.perform(self.obelisk, action, targets)
         if lst.marked:
             lst.action_clear_marks()

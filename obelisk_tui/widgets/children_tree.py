@@ -67,10 +67,13 @@ class ChildrenTree(Tree[str]):
     ]
 
     def action_first(self) -> None:
-        self.move_cursor_to_line(0)
+        # No lines yet (before the tab's first load, or just cleared): nothing to move to.
+        if self.last_line >= 0:
+            self.move_cursor_to_line(0)
 
     def action_last(self) -> None:
-        self.move_cursor_to_line(self.last_line)
+        if self.last_line >= 0:
+            self.move_cursor_to_line(self.last_line)
 
     DEFAULT_CSS = """
     ChildrenTree { height: 1fr; }

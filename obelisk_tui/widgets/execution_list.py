@@ -40,20 +40,35 @@ COLUMNS: list[tuple[str, int]] = [
 FFQN_ROOMY = 44
 EXECUTION_EXTRA = 24
 
-#: Columns dropped first when the terminal is narrow (by title).
-DROP_ORDER = ["CH", "EV", "LAST EVENT", "WHEN", "AGE"]
+#: Columns dropped first when the terminal is narrow (by title); then the id and state
+#: columns narrow (`NARROW`), then WHEN goes, AGE last.
+DROP_ORDER = ["CH", "EV", "LAST EVENT"]
+LATE_DROP_ORDER = ["WHEN", "AGE"]
+#: Narrow widths: a top-level id whole (28), a child id's distinguishing end
+#: (`model.short_id`); the longest usual state label ("paused·pending").
+NARROW = {"EXECUTION": 28, "STATE": 14}
+#: The FFQN column's least width before columns go.
+FFQN_MIN = 24
 
 
 def layout(width: int) -> list[tuple[str, int]]:
     """The columns that fit in `width`, with the FFQN column's width filled in."""
+
+    def ffqn_room(cols: list[tuple[str, int]]) -> int:
+        return width - sum(w + 1 for t, w in cols if t != "FFQN") - 1
+
     cols = list(COLUMNS)
     for title in DROP_ORDER:
-        fixed = sum(w + 1 for _, w in cols)
-        if width - fixed >= 24:
+        if ffqn_room(cols) >= FFQN_MIN:
             break
         cols = [c for c in cols if c[0] != title]
-    fixed = sum(w + 1 for t, w in cols if t != "FFQN")
-    ffqn = max(12, width - fixed - 1)
+    if ffqn_room(cols) < FFQN_MIN:
+        cols = [(t, NARROW.get(t, w)) for t, w in cols]
+    for title in LATE_DROP_ORDER:
+        if ffqn_room(cols) >= FFQN_MIN:
+            break
+        cols = [c for c in cols if c[0] != title]
+    ffqn = max(12, ffqn_room(cols))
     # Room to spare: child ids (`E_….g:batch_12.o:1-step_3`) get it before the FFQNs.
     extra = min(EXECUTION_EXTRA, max(0, ffqn - FFQN_ROOMY))
     widths = {"EXECUTION": dict(cols)["EXECUTION"] + extra, "FFQN": ffqn - extra}
@@ -62,18 +77,13 @@ def layout(width: int) -> list[tuple[str, int]]:
 
 def short_id(execution_id: str, width: int) -> str:
     """Ids longer than the column keep their start and their (child) end."""
-    if len(execution_id) <= width:
-        return execution_id
-    head = width // 2
-    return execution_id[:head] + "…" + execution_id[-(width - head - 1) :]
+    return model.short_id(execution_id, width)
 
 
 def short_ffqn(ffqn: str, width: int) -> str:
     """FFQNs longer than the column keep their end: the interface and function name
     (`…demo/activity.step`) tell executions apart, the shared namespace does not."""
-    if len(ffqn) <= width:
-        return ffqn
-    return "…" + ffqn[-(width - 1) :] if width > 1 else "…"
+    return model.short_end(ffqn, width)
 
 
 class ExecutionList(RowList):
@@ -206,7 +216,7 @@ class ExecutionList(RowList):
     def render_header(self, width: int) -> Text:
         text = Text()
         for title, w in self._columns(width):
-            text.append(title.ljust(w)[:w] + " ")
+            text.append(model.cut_words(title, w).ljust(w) + " ")
         return text
 
     def render_row(self, index: int, width: int) -> Text | None:
@@ -248,7 +258,7 @@ def render_execution(
             value = short_id(value, w)
         elif title == "FFQN":
             value = short_ffqn(value, w)
-        value = value if len(value) <= w else value[: max(0, w - 1)] + "…"
+        value = model.cut_words(value, w)
         text.append(value.ljust(w), style)
         text.append(" ")
     return text

@@ -248,7 +248,7 @@ async def test_cancel_asks_first_and_marks_act_on_many(console_engine: Engine) -
         await pilot.press("u")
         await until(
             pilot,
-            lambda: any(f"unpaused {b}; skipped: {a} is not paused" in n for n in notices(app)),
+            lambda: any(f"unpaused {b}\nskipped: {a} is not paused" in n for n in notices(app)),
             what="the skip named",
         )
 

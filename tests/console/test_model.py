@@ -335,7 +335,7 @@ def test_execution_list_columns_fit_the_width() -> None:
         assert [t for t, _ in cols][:3] == [" ", "EXECUTION", "FFQN"]
     assert "LAST EVENT" in [t for t, _ in layout(160)]
     assert "CH" not in [t for t, _ in layout(80)]
-    assert short_id("E_01KAAAAAAAAAAAAAAAAAAAAAAA.g:1_12", 20) == "E_01KAAAAA…AA.g:1_12"
+    assert short_id("E_01KAAAAAAAAAAAAAAAAAAAAAAA.g:1_12", 20) == "E_01KA…AAAAAA.g:1_12"
     assert short_ffqn("myapp:demo/activity.step", 16) == "…o/activity.step"
     assert short_ffqn("myapp:demo/activity.step", 30) == "myapp:demo/activity.step"
 
@@ -502,3 +502,45 @@ async def test_counts_bar_fits_a_narrow_terminal(width: int, wide: bool) -> None
         assert ("cancelling 2" in text) is wide and ("canc 2" in text) is not wide
         assert "12,345" in text
         assert len(text.rstrip()) <= counts_box.size.width
+
+
+def test_columns_at_80_keep_age_and_narrow_state() -> None:
+    titles = dict(layout(77))  # 80 columns less the scrollbar
+    assert titles["STATE"] == 14 and "AGE" in titles and titles["FFQN"] >= 24
+    assert "WHEN" in dict(layout(100)) and "AGE" in dict(layout(100))
+
+
+def test_ids_keep_their_distinguishing_end() -> None:
+    eid = "E_01M94NJDAKZ8M907WD2CBK80HY.o:1-approve_1"
+    assert model.short_id(eid, 26) == "E_01M9…Z8M907WD2CBK80HY.o:1-approve_1"[:6] + "…" + eid[-19:]
+    assert model.short_id(eid, 26).endswith(".o:1-approve_1") and len(model.short_id(eid, 26)) == 26
+    assert model.short_id(eid, 60) == eid
+    assert model.short_id(eid, 1) == "…"
+
+
+def test_text_is_cut_between_words_with_an_ellipsis() -> None:
+    assert model.cut_words("delay until 2026-12-06T10:00:00Z expired", 24) == "delay until…"
+    assert model.cut_words("short", 10) == "short"
+    assert model.wrap_words("cancelled E_01M94NJDAKZ8M907WD2CBK80HY now", 20) == [
+        "cancelled",
+        "E_01M94NJDAKZ8M907WD2CBK80HY",
+        "now",
+    ]
+
+
+def test_the_list_title_keeps_the_filters_ffqn() -> None:
+    query = model.parse_filter("state:blocked ffqn:test:console/workflow.order-cancellable")
+    title = model.list_title(1234, query, 2, 72)
+    assert len(title) <= 72 and "ffqn:…" in title and title.endswith("cancellable · 2 marked")
+
+
+def test_the_detail_title_keeps_the_ffqn() -> None:
+    eid, ffqn, parent = model.detail_title(
+        "pending",
+        "E_01M94NJDAKZ8M907WD2CBK80HY.o:1-approve_1",
+        "test:console/approval.approve",
+        "E_01M94NJDAKZ8M907WD2CBK80HY",
+        80,
+    )
+    assert eid.endswith(".o:1-approve_1") and ffqn.endswith("approval.approve")
+    assert len(" pending ") + 1 + len(eid) + 2 + len(ffqn) + len(parent) <= 80
