@@ -4,6 +4,7 @@ readable one-line summaries of events, times. No Textual, no I/O (unit-tested al
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -176,6 +177,48 @@ def parse_ts(value: str | None) -> datetime | None:
     if value is None:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+
+
+#: Seconds of throughput history (the sparkline's bars).
+THROUGHPUT_HISTORY = 60
+
+
+class Throughput:
+    """Executions finished per second, from samples of the engine's finished count.
+
+    The app samples the count on its own timer, whatever screen is shown and frozen or
+    not, so the rate is the engine's, not what one screen happened to see. A sample
+    `sample(finished, at)` (`at` in seconds) gives the rate since the previous one:
+    what finished over the wall-clock time between them. The bars are one per second:
+    a sample that comes late (a busy loop, a slow query) fills the seconds it covers
+    with that same average, so a long gap is never piled into a spike."""
+
+    def __init__(self, history: int = THROUGHPUT_HISTORY) -> None:
+        self.history: deque[float] = deque([0.0] * history, maxlen=history)
+        self.rate = 0.0
+        #: Samples taken (the first only sets the baseline): tests wait on it.
+        self.samples = 0
+        self._last: tuple[int, float] | None = None  # (finished, at) of the last sample
+
+    def sample(self, finished: int, at: float) -> None:
+        self.samples += 1
+        if self._last is None:
+            self._last = (finished, at)
+            return
+        before, then = self._last
+        elapsed = at - then
+        if elapsed <= 0:  # the clock did not move: keep counting from the last sample
+            return
+        self._last = (finished, at)
+        # Executions are never un-finished; a smaller count (a retention sweep, another
+        # server behind the same URL) is not negative throughput.
+        self.rate = max(0, finished - before) / elapsed
+        for _ in range(min(self.history.maxlen or 0, max(1, round(elapsed)))):
+            self.history.append(self.rate)
+
+    @property
+    def bars(self) -> list[float]:
+        return list(self.history)
 
 
 def span(seconds: float) -> str:

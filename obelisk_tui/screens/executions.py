@@ -49,7 +49,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
-        yield StateCounts(id="counts")
+        yield StateCounts(self.obelisk.throughput, id="counts")
         yield Static(id="list-title")
         yield Input(
             placeholder="filter: state:locked,paused  ffqn:myapp:demo/  id:E_01…  top   (enter: apply, esc: clear)",
