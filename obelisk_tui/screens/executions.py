@@ -30,6 +30,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         Binding("slash", "filter", "Filter", priority=True),
         Binding("o", "order", "Order"),
         Binding("t", "top_level", "Top-level", show=False),
+        Binding("f", "follow", "Follow"),
         Binding("p", "act('pause')", "Pause"),
         Binding("p", "explain('pause')", show=False),
         Binding("u", "act('unpause')", "Unpause"),
@@ -107,6 +108,8 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         lst = self.query_one(ExecutionList)
         if lst.marked:
             text += f" · {len(lst.marked)} marked"
+        if lst.follow:
+            text += " · cursor follows the top row (f)"
         self.query_one("#list-title", Static).update(text)
 
     @on(ExecutionList.WindowWanted)
@@ -122,6 +125,18 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
     @on(ExecutionList.CursorMoved)
     def _moved(self, _: ExecutionList.CursorMoved) -> None:
         self._refresh_footer()
+
+    @on(ExecutionList.FollowChanged)
+    def _follow_changed(self, _: ExecutionList.FollowChanged) -> None:
+        self._update_title(self.query_one(ExecutionList).total)
+
+    def action_follow(self) -> None:
+        lst = self.query_one(ExecutionList)
+        lst.set_follow(not lst.follow)
+        self.notify(
+            "the cursor follows the top row" if lst.follow else "the cursor stays where it is",
+            timeout=2,
+        )
 
     @on(ExecutionList.MarksChanged)
     def _marks(self, _: ExecutionList.MarksChanged) -> None:

@@ -4,16 +4,19 @@ stays on its execution, failures found in one key (Pilot, a real embedded engine
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from textual.widgets import Static
 
 from engine.engine import Engine
 from obelisk_tui.app import ObeliskApp
+from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from obelisk_tui.screens.executions import ExecutionsScreen
+from obelisk_tui.screens.stub import StubScreen
+from obelisk_tui.widgets.execution_list import ExecutionList
 from obelisk_tui.widgets.state_counts import StateCounts
-from tests.console.conftest import STEP, open_console, until
+from tests.console.conftest import APPROVE, STEP, open_console, screen_text, until
 
 
 class Clock:
@@ -84,3 +87,72 @@ async def test_the_rate_after_a_stay_in_a_detail_screen_is_no_spike(
         await until(pilot, lambda: rate_shown(app) == "0.2 fin/s", what=f"0.2/s: {rate_shown(app)}")
         bars = app.screen.query_one(StateCounts).query_one("#throughput").data  # type: ignore[attr-defined]
         assert max(bars) <= 0.2 + 1e-9, bars
+
+
+# -- 2. actions on the chosen row ------------------------------------------------------------
+
+
+def listed(app: ObeliskApp) -> list[str]:
+    return [r["execution_id"] for r in app.screen.query_one(ExecutionList).rows]
+
+
+def notices(app: ObeliskApp) -> list[str]:
+    return [str(n.message) for n in app._notifications]
+
+
+async def test_keys_act_on_the_chosen_row_when_new_executions_arrive(
+    console_engine: Engine,
+) -> None:
+    engine = console_engine
+    older = await engine.submit(APPROVE, ["older"])
+    second = await engine.submit(APPROVE, ["second"])
+    async with open_console(engine) as (app, pilot):
+        await until(pilot, lambda: listed(app)[:2] == [second, older], what="both listed")
+        lst = app.screen.query_one(ExecutionList)
+        assert lst.follow  # at start, on the top row: following the newest
+        # The operator chooses the top row (down and back up): no longer following.
+        await pilot.press("j", "k")
+        assert lst.selected is not None and lst.selected["execution_id"] == second
+        assert not lst.follow
+        newer = [await engine.submit(APPROVE, [f"new-{i}"]) for i in range(3)]
+        await until(pilot, lambda: listed(app)[0] == newer[-1], what="the new ones listed")
+        assert lst.selected is not None and lst.selected["execution_id"] == second
+        await pilot.press("p")
+        await until(pilot, lambda: any(f"paused {second}" in n for n in notices(app)), what="p")
+        assert await state_of(engine, second) == "paused"
+        assert [await state_of(engine, e) for e in newer] == ["pending_at"] * 3
+        await until(
+            pilot,
+            lambda: lst.selected is not None and lst.selected["state"]["type"] == "paused",
+            what="the row shown paused",
+        )
+        await pilot.press("u")
+        await until(pilot, lambda: any(f"unpaused {second}" in n for n in notices(app)), what="u")
+
+        await pilot.press("S")
+        await until(pilot, lambda: isinstance(app.screen, StubScreen), what="the stub form")
+        assert cast(StubScreen, app.screen).info["execution_id"] == second
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="back")
+
+        newest = await engine.submit(APPROVE, ["newest"])
+        await until(pilot, lambda: listed(app)[0] == newest, what="the newest listed")
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        assert cast(ConfirmScreen, app.screen).question == f"Cancel {second}?"
+        await pilot.press("n")
+
+        # `f`: the cursor follows the newest again.
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="back")
+        await pilot.press("f")
+        assert lst.follow and "follows the top row" in screen_text(app)
+        latest = await engine.submit(APPROVE, ["latest"])
+        await until(
+            pilot,
+            lambda: lst.selected is not None and lst.selected["execution_id"] == latest,
+            what="the cursor on the newest",
+        )
+
+
+async def state_of(engine: Engine, eid: str) -> str:
+    return str((await engine.status(eid)).state.__struct_config__.tag)
