@@ -40,6 +40,7 @@ from engine.storage.common import (
     RemoteNotes,
     apply_remote_notes,
     check_unpause,
+    counts_with_results,
     dt,
     frames_decoder,
     prepare_backtraces,
@@ -75,7 +76,14 @@ from engine.storage.sqlite.batches import (
     _Tx,
 )
 from engine.storage.sqlite.peers import PeerBus
-from engine.storage.sqlite.queries import _ORDER_BY, _ROW_COLUMNS, _event_type, _list_where, _row
+from engine.storage.sqlite.queries import (
+    _ORDER_BY,
+    _ROW_COLUMNS,
+    RESULT_CLASS_SQL,
+    _event_type,
+    _list_where,
+    _row,
+)
 from engine.storage.sqlite.schema import _check_writable, _connect, _migrate, _set_wal
 from engine.storage.sqlite.transactions import (
     _add_response,
@@ -626,11 +634,17 @@ class SqliteStorage:
         rows = await self._reader.execute_fetchall(sql, args)
         return sorted(UnfinishedExecution(e, f, d) for e, f, d in rows)
 
-    async def count_by_state(self) -> dict[str, int]:
+    async def count_by_state(self, *, results: bool = False) -> dict[str, int]:
+        if not results:
+            rows = await self._reader.execute_fetchall(
+                "SELECT state, count(*) FROM executions GROUP BY state"
+            )
+            return {state: count for state, count in rows}
         rows = await self._reader.execute_fetchall(
-            "SELECT state, count(*) FROM executions GROUP BY state"
+            f"SELECT state, CASE WHEN state = 'finished' THEN {RESULT_CLASS_SQL} END, count(*) "
+            "FROM executions GROUP BY 1, 2"
         )
-        return {state: count for state, count in rows}
+        return counts_with_results(rows)
 
     async def get_logs(
         self, execution_id: str, after_id: int = 0, limit: int = 1000
