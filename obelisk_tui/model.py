@@ -13,6 +13,7 @@ from engine.api_types import LIST_ORDERS, ListFilter, ListOrder
 from engine.core import legality
 from engine.core.events import accepts_stub, is_workflow_type
 from engine.views import (
+    RESULT_CLASSES,
     STATE_NAMES,
     DeploymentInfo,
     EventEntry,
@@ -420,6 +421,8 @@ class ExecutionQuery:
     ffqn_prefix: str | None = None
     id_prefix: str | None = None
     states: tuple[str, ...] = ()
+    #: Finished ones that ended so: `ok`, `err`, `failed` (`RESULT_CLASSES`).
+    results: tuple[str, ...] = ()
     top_level_only: bool = False
     order: ListOrder = "created_desc"
 
@@ -428,6 +431,7 @@ class ExecutionQuery:
             ffqn_prefix=self.ffqn_prefix,
             id_prefix=self.id_prefix,
             states=self.states or None,
+            results=self.results or None,
             top_level_only=self.top_level_only,
             order=self.order,
             offset=offset,
@@ -443,13 +447,16 @@ class ExecutionQuery:
         if self.id_prefix:
             q.append(("id_prefix", self.id_prefix))
         q += [("state", s) for s in self.states]
+        q += [("result", r) for r in self.results]
         if self.top_level_only:
             q.append(("top_level_only", "true"))
         return q
 
     @property
     def is_filtered(self) -> bool:
-        return bool(self.ffqn_prefix or self.id_prefix or self.states or self.top_level_only)
+        return bool(
+            self.ffqn_prefix or self.id_prefix or self.states or self.results or self.top_level_only
+        )
 
 
 #: Accepted spellings of states in a filter.
@@ -470,11 +477,13 @@ ORDER_TITLES: dict[str, str] = {
 
 
 def parse_filter(text: str, order: ListOrder = "created_desc") -> ExecutionQuery:
-    """`state:locked,paused ffqn:myapp:demo/ id:E_01 top`, or bare words: an `E_…` word
-    is an id prefix, any other an FFQN prefix. ValueError names what is wrong."""
+    """`state:locked,paused result:err,failed ffqn:myapp:demo/ id:E_01 top`, or bare
+    words: an `E_…` word is an id prefix, any other an FFQN prefix. ValueError names
+    what is wrong."""
     ffqn: str | None = None
     id_prefix: str | None = None
     states: list[str] = []
+    results: list[str] = []
     top = False
     for word in text.split():
         key, sep, value = word.partition(":")
@@ -487,6 +496,8 @@ def parse_filter(text: str, order: ListOrder = "created_desc") -> ExecutionQuery
                 states.append(STATE_ALIASES[name.lower()])
             if not value:
                 raise ValueError("`state:` needs a state, e.g. state:locked,paused")
+        elif sep and key in ("result", "results", "r"):
+            results += parse_results(value)
         elif sep and key in ("ffqn", "f", "id", "i") and not value:
             raise ValueError(f"`{word}` needs a prefix, e.g. ffqn:myapp:demo/ or id:E_01")
         elif sep and key in ("ffqn", "f"):
@@ -505,9 +516,30 @@ def parse_filter(text: str, order: ListOrder = "created_desc") -> ExecutionQuery
         ffqn_prefix=ffqn,
         id_prefix=id_prefix,
         states=tuple(dict.fromkeys(states)),
+        results=tuple(dict.fromkeys(results)),
         top_level_only=top,
         order=order,
     )
+
+
+def parse_results(value: str) -> list[str]:
+    """The classes of `result:ok,err`; ValueError names a bad one."""
+    names = [name.lower() for name in value.split(",") if name]
+    if not names:
+        raise ValueError("`result:` needs a result, e.g. result:err,failed")
+    for name in names:
+        if name not in RESULT_CLASSES:
+            raise ValueError(f"unknown result {name!r} (one of: {', '.join(RESULT_CLASSES)})")
+    return names
+
+
+#: The failures view (`F`): finished with an error or an execution failure.
+FAILURES: tuple[str, ...] = ("err", "failed")
+
+
+def toggle_failures(query: ExecutionQuery) -> ExecutionQuery:
+    """The failures view on (other filters kept), or off again."""
+    return replace(query, results=() if query.results == FAILURES else FAILURES)
 
 
 def format_filter(query: ExecutionQuery) -> str:
@@ -515,6 +547,8 @@ def format_filter(query: ExecutionQuery) -> str:
     words: list[str] = []
     if query.states:
         words.append("state:" + ",".join(STATE_SHORT[s] for s in query.states))
+    if query.results:
+        words.append("result:" + ",".join(query.results))
     if query.ffqn_prefix:
         words.append(f"ffqn:{query.ffqn_prefix}")
     if query.id_prefix:

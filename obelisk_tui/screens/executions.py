@@ -31,6 +31,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         Binding("o", "order", "Order"),
         Binding("t", "top_level", "Top-level", show=False),
         Binding("f", "follow", "Follow"),
+        Binding("F", "failures", "Failures"),
         Binding("p", "act('pause')", "Pause"),
         Binding("p", "explain('pause')", show=False),
         Binding("u", "act('unpause')", "Unpause"),
@@ -53,7 +54,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         yield StateCounts(self.obelisk.throughput, id="counts")
         yield Static(id="list-title")
         yield Input(
-            placeholder="filter: state:locked,paused  ffqn:myapp:demo/  id:E_01…  top   (enter: apply, esc: clear)",
+            placeholder="filter: state:locked,paused  result:err,failed  ffqn:myapp:demo/  id:E_01…  top   (enter: apply, esc: clear)",
             id="filter",
         )
         yield ExecutionList(now=self.obelisk.now, id="executions")
@@ -83,7 +84,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         backend = self.obelisk.backend
         try:
             counts, total, rows = await asyncio.gather(
-                backend.counts_by_state(),
+                backend.counts_by_state(results=True),
                 backend.count_executions(self.query_state),
                 backend.list_executions(self.query_state, offset, limit),
             )
@@ -182,6 +183,12 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
     def action_order(self) -> None:
         self._set_query(model.next_order(self.query_state))
         self.notify(f"order: {model.ORDER_TITLES[self.query_state.order]}", timeout=2)
+
+    def action_failures(self) -> None:
+        """The failures view (`result:err,failed`), on or off: the other filters stay."""
+        self._set_query(model.toggle_failures(self.query_state))
+        on = self.query_state.results == model.FAILURES
+        self.notify("failures: finished err or failed" if on else "failures view off", timeout=2)
 
     def action_top_level(self) -> None:
         q = self.query_state

@@ -133,7 +133,7 @@ class ExecutionList(RowList):
         self._unfollow()
         super().move_cursor(index)
 
-    def on_click(self, event: events.Click) -> None:
+    def on_click(self, event: object) -> None:
         self._unfollow()
         super().on_click(event)
 

@@ -86,6 +86,14 @@ COMPACT_NAMES = {
     "finished": "fin",
 }
 
+#: The finished, split by how they ended (when the counts have them: the `F` view's).
+#: (count key, colour key, label, compact label).
+RESULTS = (
+    ("ok", "finished", "ok", "ok"),
+    ("err", "err", "err", "err"),
+    ("failed", "failed", "failed", "fail"),
+)
+
 
 def rate_text(throughput: model.Throughput) -> str:
     return f"{throughput.rate:7.1f} fin/s"
@@ -93,15 +101,23 @@ def rate_text(throughput: model.Throughput) -> str:
 
 def counts_text(counts: dict[str, int], *, frozen: bool = False, compact: bool = False) -> Text:
     text = Text(no_wrap=True)
-    total = sum(counts.values())
+    total = sum(counts.get(name, 0) for name in ORDER)  # not the results: finished again
     text.append(f" {total:,} " + ("" if compact else "executions "), "bold")
     for name in ORDER:
-        n = counts.get(name, 0)
-        style = model.STATE_COLOURS[name] if n else "grey50"
+        if name == "finished" and "ok" in counts:
+            # What ended how: failures are what an operator looks for.
+            for key, colour, label, short in RESULTS:
+                _append_count(text, counts.get(key, 0), short if compact else label, colour)
+            continue
         label = COMPACT_NAMES[name] if compact else model.STATE_SHORT[name]
-        text.append(f" {label} ", style)
-        text.append(f"{n:,}", ("bold " + style) if n else style)
-        text.append(" ")
+        _append_count(text, counts.get(name, 0), label, name)
     if frozen:
         text.append("  ❚❚ FROZEN (space) ", "bold black on #f0c674")
     return text
+
+
+def _append_count(text: Text, n: int, label: str, colour: str) -> None:
+    style = model.STATE_COLOURS[colour] if n else "grey50"
+    text.append(f" {label} ", style)
+    text.append(f"{n:,}", ("bold " + style) if n else style)
+    text.append(" ")

@@ -6,9 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+import pytest
 from textual.widgets import Static
 
 from engine.engine import Engine
+from engine.views import STATE_NAMES
+from obelisk_tui import model
 from obelisk_tui.app import ObeliskApp
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.screens.detail import ExecutionDetailScreen
@@ -156,3 +159,68 @@ async def test_keys_act_on_the_chosen_row_when_new_executions_arrive(
 
 async def state_of(engine: Engine, eid: str) -> str:
     return str((await engine.status(eid)).state.__struct_config__.tag)
+
+
+# -- 3. failures found ---------------------------------------------------------------------
+
+
+def test_result_filters_parse_and_name_a_bad_value() -> None:
+    q = model.parse_filter("result:err,failed state:finished")
+    assert q.results == ("err", "failed") and q.is_filtered
+    assert model.parse_filter(model.format_filter(q)) == q
+    assert model.parse_filter("r:OK").results == ("ok",)
+    with pytest.raises(ValueError, match=r"unknown result 'oops' \(one of: ok, err, failed\)"):
+        model.parse_filter("result:ok,oops")
+    with pytest.raises(ValueError, match="needs a result"):
+        model.parse_filter("result:")
+    flt = model.ExecutionQuery(results=("err",)).to_filter()
+    assert flt.results == ("err",)
+    assert ("result", "err") in model.ExecutionQuery(results=("err",)).to_query()
+    # The failures view: toggled, other filters kept.
+    on = model.toggle_failures(model.ExecutionQuery(ffqn_prefix="x"))
+    assert on.results == ("err", "failed") and on.ffqn_prefix == "x"
+    assert model.toggle_failures(on) == model.ExecutionQuery(ffqn_prefix="x")
+
+
+async def ended_each_way(engine: Engine) -> tuple[str, str, str]:
+    """(ok, err, failed): a step that returned, a stub answered with an error, a stub
+    cancelled (an execution failure)."""
+    ok = await engine.submit(STEP, [1])
+    err = await engine.submit(APPROVE, ["err"])
+    failed = await engine.submit(APPROVE, ["failed"])
+    await engine.stub(err, {"err": "rejected"})
+    await engine.cancel(failed)
+    for eid in (ok, err, failed):
+        await engine.result(eid, timeout=20)
+    return ok, err, failed
+
+
+async def test_the_counts_split_the_finished_and_f_shows_the_failures(
+    console_engine: Engine,
+) -> None:
+    engine = console_engine
+    ok, err, failed = await ended_each_way(engine)
+    pending = await engine.submit(APPROVE, ["pending"])
+    assert await engine.counts_by_state(results=True) == {
+        **dict.fromkeys(STATE_NAMES, 0),
+        "pending_at": 1,
+        "finished": 3,
+        "ok": 1,
+        "err": 1,
+        "failed": 1,
+    }
+    async with open_console(engine) as (app, pilot):
+        await until(pilot, lambda: "ok 1  err 1  failed 1" in screen_text(app), what="the split")
+        assert "finished 3" not in screen_text(app)
+        await pilot.press("F")
+        await until(pilot, lambda: sorted(listed(app)) == sorted([err, failed]), what="failures")
+        assert "filter: result:err,failed" in screen_text(app)
+        await pilot.press("F")  # off again
+        await until(pilot, lambda: len(listed(app)) == 4, what="all again")
+        assert pending in listed(app)
+        await pilot.press("slash", *"result:ok", "enter")
+        await until(pilot, lambda: listed(app) == [ok], what="the ok ones")
+        await pilot.press("slash", "ctrl+u", *"result:nope", "enter")
+        await until(
+            pilot, lambda: any("unknown result 'nope'" in n for n in notices(app)), what="error"
+        )

@@ -644,7 +644,7 @@ class SqliteStorage:
             f"SELECT state, CASE WHEN state = 'finished' THEN {RESULT_CLASS_SQL} END, count(*) "
             "FROM executions GROUP BY 1, 2"
         )
-        return counts_with_results(rows)
+        return counts_with_results((state, kind, n) for state, kind, n in rows)
 
     async def get_logs(
         self, execution_id: str, after_id: int = 0, limit: int = 1000
