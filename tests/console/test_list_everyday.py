@@ -77,6 +77,7 @@ async def test_the_rate_after_a_stay_in_a_detail_screen_is_no_spike(
 ) -> None:
     clock = Clock()
     eid = await console_engine.submit(STEP, [1])
+    await console_engine.result(eid, timeout=20)  # finished before the baseline
     async with open_console(console_engine, now=clock) as (app, pilot):
         await sampled(app, pilot)
         app.open_execution(eid)
