@@ -19,7 +19,7 @@ from engine.components import LoadedComponent, LoadProgress, Registry, load_regi
 from engine.core import events as ev
 from engine.core.clock import Clock, SystemClock
 from engine.core.ids import DelayId, ExecutionId, IdError, new_deployment_id
-from engine.core.state_names import STATE_NAMES
+from engine.core.state_names import RESULT_CLASSES, STATE_NAMES
 from engine.deployment import load_deployment
 from engine.errors import Conflict, InvalidParams, NotFound
 from engine.executors.activity import ActivityExecutor
@@ -305,10 +305,13 @@ class Engine:
         """How many executions `flt` selects (its limit, offset and order ignored)."""
         return await self.storage.count_executions(flt)
 
-    async def counts_by_state(self) -> dict[str, int]:
-        """Executions per state name (overlays as their own states), every state named."""
-        counts = await self.storage.count_by_state()
-        return {name: counts.get(name, 0) for name in STATE_NAMES}
+    async def counts_by_state(self, *, results: bool = False) -> dict[str, int]:
+        """Executions per state name (overlays as their own states), every state named;
+        with `results`, also the finished per result class (`ok`, `err`, `failed`), in
+        the same storage query (it reads the finished rows' summaries: dearer)."""
+        counts = await self.storage.count_by_state(results=results)
+        names = (*STATE_NAMES, *RESULT_CLASSES) if results else STATE_NAMES
+        return {name: counts.get(name, 0) for name in names}
 
     async def descendants(self, execution_id: str, limit: int = 1000) -> list[ExecutionRow]:
         """Children, grandchildren, … of an execution, oldest first, with their extras

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, NotRequired, TypedDict
 
-from engine.core.state_names import STATE_NAMES, StateName
+from engine.core.state_names import RESULT_CLASSES, STATE_NAMES, ResultClass, StateName
 
 # ---------------------------------------------------------------------------------------
 # Shapes
@@ -166,6 +166,7 @@ class ErrorBody(TypedDict):
 
 
 __all__ = [
+    "RESULT_CLASSES",
     "STATE_NAMES",
     "UPGRADES_UNCHECKED",
     "BacktraceInfo",
@@ -181,6 +182,7 @@ __all__ = [
     "ParamInfo",
     "PersistBacktracesAnswer",
     "ResponseEntry",
+    "ResultClass",
     "StateName",
     "SubmitAnswer",
     "lock_held",

@@ -30,6 +30,7 @@ from textual.worker import WorkerFailed
 from engine.client import ApiError, ServerUnreachable
 from engine.gc_tuning import tune_gc
 from engine.views import upgrades_unchecked
+from obelisk_tui import model
 from obelisk_tui.backend import ConsoleBackend
 from obelisk_tui.commands import ExecutionCommands, ScreenCommands
 from obelisk_tui.messages import DataChanged, DeploymentReloaded, Tick
@@ -118,6 +119,10 @@ class ObeliskApp(App[None]):
         #: Exceptions of screens that the console survived (`_handle_exception`): each
         #: was logged and shown. Tests assert it stays empty.
         self.screen_errors: list[BaseException] = []
+        #: Finished per second, sampled each second by the app (`sample_throughput`):
+        #: true whatever screen is shown, frozen or not.
+        self.throughput = model.Throughput()
+        self._sampling = False
 
     # -- start and stop ------------------------------------------------------------------
     async def on_mount(self) -> None:
@@ -147,6 +152,8 @@ class ObeliskApp(App[None]):
             self.follow_changes()
             self.follow_reloads()
             self.set_interval(1.0, self._tick)
+            self.set_interval(1.0, self.sample_throughput)
+            self.sample_throughput()  # the baseline
         if self._on_connected is not None:
             await self._on_connected(self)
 
@@ -273,6 +280,25 @@ class ObeliskApp(App[None]):
         forced = self._refresh_wanted.is_set()
         self._refresh_wanted.clear()
         return (change.result() if change.done() and not change.cancelled() else generation), forced
+
+    def sample_throughput(self) -> None:
+        # One sample at a time: a query slower than the timer is not cancelled by the
+        # next one (each would cancel the last, none would land); the next sample
+        # covers the time it took.
+        if not self._sampling:
+            self._sampling = True
+            self._sample_throughput()
+
+    @work(group="throughput")
+    async def _sample_throughput(self) -> None:
+        """The engine's finished count against the clock (`now`: tests drive it)."""
+        try:
+            counts = await self.backend.counts_by_state()
+        except ApiError:
+            return  # `follow_changes` reports the connection; a missed sample is no harm
+        finally:
+            self._sampling = False
+        self.throughput.sample(counts.get("finished", 0), self.now().timestamp())
 
     def _tick(self) -> None:
         if not self.frozen:

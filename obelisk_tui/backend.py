@@ -82,7 +82,10 @@ class ConsoleBackend(Protocol):
 
     async def count_executions(self, query: ExecutionQuery) -> int: ...
 
-    async def counts_by_state(self) -> dict[str, int]: ...
+    async def counts_by_state(self, *, results: bool = False) -> dict[str, int]:
+        """Executions per state; with `results`, also the finished per result class
+        (`ok`, `err`, `failed` keys: `Engine.counts_by_state`)."""
+        ...
 
     async def descendants(self, execution_id: str, limit: int = 1000) -> list[ExecutionInfo]:
         """Children, grandchildren, … of an execution, oldest first."""
@@ -180,8 +183,8 @@ class EmbeddedBackend:
     async def count_executions(self, query: ExecutionQuery) -> int:
         return await self.engine.count_executions(query.to_filter())
 
-    async def counts_by_state(self) -> dict[str, int]:
-        return await self.engine.counts_by_state()
+    async def counts_by_state(self, *, results: bool = False) -> dict[str, int]:
+        return await self.engine.counts_by_state(results=results)
 
     async def descendants(self, execution_id: str, limit: int = 1000) -> list[ExecutionInfo]:
         return [execution_info(r) for r in await self.engine.descendants(execution_id, limit)]
@@ -327,8 +330,11 @@ class RestBackend:
         answer = await self._request("GET", "/v1/executions/count", query=query.to_query())
         return int(answer["count"])
 
-    async def counts_by_state(self) -> dict[str, int]:
-        return cast(dict[str, int], (await self._request("GET", "/v1/stats"))["by_state"])
+    async def counts_by_state(self, *, results: bool = False) -> dict[str, int]:
+        if not results:
+            return cast(dict[str, int], (await self._request("GET", "/v1/stats"))["by_state"])
+        answer = await self._request("GET", "/v1/stats", query=[("results", "true")])
+        return {**answer["by_state"], **answer["by_result"]}
 
     async def descendants(self, execution_id: str, limit: int = 1000) -> list[ExecutionInfo]:
         q = [

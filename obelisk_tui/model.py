@@ -4,6 +4,7 @@ readable one-line summaries of events, times. No Textual, no I/O (unit-tested al
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -12,6 +13,7 @@ from engine.api_types import LIST_ORDERS, ListFilter, ListOrder
 from engine.core import legality
 from engine.core.events import accepts_stub, is_workflow_type
 from engine.views import (
+    RESULT_CLASSES,
     STATE_NAMES,
     DeploymentInfo,
     EventEntry,
@@ -345,6 +347,48 @@ def parse_ts(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
 
 
+#: Seconds of throughput history (the sparkline's bars).
+THROUGHPUT_HISTORY = 60
+
+
+class Throughput:
+    """Executions finished per second, from samples of the engine's finished count.
+
+    The app samples the count on its own timer, whatever screen is shown and frozen or
+    not, so the rate is the engine's, not what one screen happened to see. A sample
+    `sample(finished, at)` (`at` in seconds) gives the rate since the previous one:
+    what finished over the wall-clock time between them. The bars are one per second:
+    a sample that comes late (a busy loop, a slow query) fills the seconds it covers
+    with that same average, so a long gap is never piled into a spike."""
+
+    def __init__(self, history: int = THROUGHPUT_HISTORY) -> None:
+        self.history: deque[float] = deque([0.0] * history, maxlen=history)
+        self.rate = 0.0
+        #: Samples taken (the first only sets the baseline): tests wait on it.
+        self.samples = 0
+        self._last: tuple[int, float] | None = None  # (finished, at) of the last sample
+
+    def sample(self, finished: int, at: float) -> None:
+        self.samples += 1
+        if self._last is None:
+            self._last = (finished, at)
+            return
+        before, then = self._last
+        elapsed = at - then
+        if elapsed <= 0:  # the clock did not move: keep counting from the last sample
+            return
+        self._last = (finished, at)
+        # Executions are never un-finished; a smaller count (a retention sweep, another
+        # server behind the same URL) is not negative throughput.
+        self.rate = max(0, finished - before) / elapsed
+        for _ in range(min(self.history.maxlen or 0, max(1, round(elapsed)))):
+            self.history.append(self.rate)
+
+    @property
+    def bars(self) -> list[float]:
+        return list(self.history)
+
+
 def span(seconds: float) -> str:
     """A compact duration: 850ms, 12s, 5m, 3h, 2d."""
     s = abs(seconds)
@@ -672,6 +716,8 @@ class ExecutionQuery:
     ffqn_prefix: str | None = None
     id_prefix: str | None = None
     states: tuple[str, ...] = ()
+    #: Finished ones that ended so: `ok`, `err`, `failed` (`RESULT_CLASSES`).
+    results: tuple[str, ...] = ()
     top_level_only: bool = False
     order: ListOrder = "created_desc"
 
@@ -680,6 +726,7 @@ class ExecutionQuery:
             ffqn_prefix=self.ffqn_prefix,
             id_prefix=self.id_prefix,
             states=self.states or None,
+            results=self.results or None,
             top_level_only=self.top_level_only,
             order=self.order,
             offset=offset,
@@ -695,13 +742,16 @@ class ExecutionQuery:
         if self.id_prefix:
             q.append(("id_prefix", self.id_prefix))
         q += [("state", s) for s in self.states]
+        q += [("result", r) for r in self.results]
         if self.top_level_only:
             q.append(("top_level_only", "true"))
         return q
 
     @property
     def is_filtered(self) -> bool:
-        return bool(self.ffqn_prefix or self.id_prefix or self.states or self.top_level_only)
+        return bool(
+            self.ffqn_prefix or self.id_prefix or self.states or self.results or self.top_level_only
+        )
 
 
 #: Accepted spellings of states in a filter.
@@ -722,11 +772,13 @@ ORDER_TITLES: dict[str, str] = {
 
 
 def parse_filter(text: str, order: ListOrder = "created_desc") -> ExecutionQuery:
-    """`state:locked,paused ffqn:myapp:demo/ id:E_01 top`, or bare words: an `E_…` word
-    is an id prefix, any other an FFQN prefix. ValueError names what is wrong."""
+    """`state:locked,paused result:err,failed ffqn:myapp:demo/ id:E_01 top`, or bare
+    words: an `E_…` word is an id prefix, any other an FFQN prefix. ValueError names
+    what is wrong."""
     ffqn: str | None = None
     id_prefix: str | None = None
     states: list[str] = []
+    results: list[str] = []
     top = False
     for word in text.split():
         key, sep, value = word.partition(":")
@@ -739,6 +791,8 @@ def parse_filter(text: str, order: ListOrder = "created_desc") -> ExecutionQuery
                 states.append(STATE_ALIASES[name.lower()])
             if not value:
                 raise ValueError("`state:` needs a state, e.g. state:locked,paused")
+        elif sep and key in ("result", "results", "r"):
+            results += parse_results(value)
         elif sep and key in ("ffqn", "f", "id", "i") and not value:
             raise ValueError(f"`{word}` needs a prefix, e.g. ffqn:myapp:demo/ or id:E_01")
         elif sep and key in ("ffqn", "f"):
@@ -757,9 +811,30 @@ def parse_filter(text: str, order: ListOrder = "created_desc") -> ExecutionQuery
         ffqn_prefix=ffqn,
         id_prefix=id_prefix,
         states=tuple(dict.fromkeys(states)),
+        results=tuple(dict.fromkeys(results)),
         top_level_only=top,
         order=order,
     )
+
+
+def parse_results(value: str) -> list[str]:
+    """The classes of `result:ok,err`; ValueError names a bad one."""
+    names = [name.lower() for name in value.split(",") if name]
+    if not names:
+        raise ValueError("`result:` needs a result, e.g. result:err,failed")
+    for name in names:
+        if name not in RESULT_CLASSES:
+            raise ValueError(f"unknown result {name!r} (one of: {', '.join(RESULT_CLASSES)})")
+    return names
+
+
+#: The failures view (`F`): finished with an error or an execution failure.
+FAILURES: tuple[str, ...] = ("err", "failed")
+
+
+def toggle_failures(query: ExecutionQuery) -> ExecutionQuery:
+    """The failures view on (other filters kept), or off again."""
+    return replace(query, results=() if query.results == FAILURES else FAILURES)
 
 
 def format_filter(query: ExecutionQuery) -> str:
@@ -767,6 +842,8 @@ def format_filter(query: ExecutionQuery) -> str:
     words: list[str] = []
     if query.states:
         words.append("state:" + ",".join(STATE_SHORT[s] for s in query.states))
+    if query.results:
+        words.append("result:" + ",".join(query.results))
     if query.ffqn_prefix:
         words.append(f"ffqn:{query.ffqn_prefix}")
     if query.id_prefix:
@@ -776,12 +853,16 @@ def format_filter(query: ExecutionQuery) -> str:
     return " ".join(words)
 
 
-def list_title(total: int | None, query: ExecutionQuery, marked: int, width: int) -> str:
+def list_title(
+    total: int | None, query: ExecutionQuery, marked: int, width: int, follow: bool = False
+) -> str:
     """The executions list's title line in `width` columns: the count, the order, the
-    filter and the marks. When it does not fit the order goes first, then the filter's
-    FFQN is shortened at its start: the filter stays readable, `ffqn:` part included."""
+    filter, the marks and whether the cursor follows the top row. When it does not fit
+    the order goes first, then the filter's FFQN is shortened at its start: the filter
+    stays readable, `ffqn:` part included."""
     count = "" if total is None else f"{total:,} "
     noun = "execution" if total == 1 else "executions"
+    following = " · cursor follows the top row (f)" if follow else ""
 
     def title(q: ExecutionQuery, with_order: bool) -> str:
         text = f" {count}{noun}"
@@ -789,7 +870,7 @@ def list_title(total: int | None, query: ExecutionQuery, marked: int, width: int
             text += f" · {ORDER_TITLES[q.order]}"
         if q.is_filtered:
             text += f" · filter: {format_filter(q)}"
-        return text + (f" · {marked} marked" if marked else "")
+        return text + (f" · {marked} marked" if marked else "") + following
 
     for with_order in (True, False):
         if len(text := title(query, with_order)) <= width:

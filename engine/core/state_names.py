@@ -11,4 +11,20 @@ StateName = Literal[
 #: Every state name, in the order lists and counts show them.
 STATE_NAMES: tuple[StateName, ...] = get_args(StateName)
 
-__all__ = ["STATE_NAMES", "StateName"]
+#: How a finished execution ended: `ok`, `err` (the function's own error) or `failed`
+#: (an execution failure: timed out, cancelled, nondeterminism, …).
+ResultClass = Literal["ok", "err", "failed"]
+RESULT_CLASSES: tuple[ResultClass, ...] = get_args(ResultClass)
+
+
+def result_class(result_kind: str) -> ResultClass:
+    """The class of a Finished state's `result_kind` (`ok`, `err`,
+    `execution_failure:<kind>`). The storages compute the same in SQL."""
+    if result_kind == "ok":
+        return "ok"
+    if result_kind == "err":
+        return "err"
+    return "failed"
+
+
+__all__ = ["RESULT_CLASSES", "STATE_NAMES", "ResultClass", "StateName", "result_class"]

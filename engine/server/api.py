@@ -60,6 +60,7 @@ from engine.server.validation import (
     json_body,
 )
 from engine.views import (
+    RESULT_CLASSES,
     STATE_NAMES,
 )
 
@@ -200,6 +201,12 @@ def _list_filter(request: web.Request) -> ListFilter:
             raise ApiProblem(
                 400, f"unknown state {s!r} (expected one of: {', '.join(STATE_NAMES)})"
             )
+    results = query.getall("result", [])
+    for r in results:
+        if r not in RESULT_CLASSES:
+            raise ApiProblem(
+                400, f"unknown result {r!r} (expected one of: {', '.join(RESULT_CLASSES)})"
+            )
     before = query.get("before") or None
     if before is not None:
         before = execution_id(before, "query parameter `before`")
@@ -214,6 +221,7 @@ def _list_filter(request: web.Request) -> ListFilter:
     return ListFilter(
         ffqn_prefix=query.get("ffqn") or None,
         states=tuple(states) or None,
+        results=tuple(results) or None,
         hide_finished=bool_query(request, "hide_finished"),
         top_level_only=bool_query(request, "top_level_only"),
         id_prefix=query.get("id_prefix") or None,
@@ -237,8 +245,17 @@ async def _count_executions(request: web.Request) -> web.Response:
 
 
 async def _stats(request: web.Request) -> web.Response:
-    """Executions per state (with overlays as their own states), for dashboards."""
-    return _json({"by_state": await request.app[ENGINE_KEY].counts_by_state()})
+    """Executions per state (with overlays as their own states), for dashboards; with
+    `results=true`, the finished also per result class (`by_result`: ok, err, failed)."""
+    if not bool_query(request, "results"):
+        return _json({"by_state": await request.app[ENGINE_KEY].counts_by_state()})
+    counts = await request.app[ENGINE_KEY].counts_by_state(results=True)
+    return _json(
+        {
+            "by_state": {name: counts[name] for name in STATE_NAMES},
+            "by_result": {name: counts[name] for name in RESULT_CLASSES},
+        }
+    )
 
 
 async def _changes(request: web.Request) -> web.Response:

@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -29,6 +29,7 @@ from engine.core.state import (
     PendingAt,
     state_name,
 )
+from engine.core.state_names import RESULT_CLASSES
 from engine.storage.contract import (
     CreateRequest,
     DirectLock,
@@ -54,6 +55,17 @@ def first_line(e: BaseException) -> str:
     carry details and hints on the lines after it."""
     text = str(e).strip()
     return text.splitlines()[0] if text else ""
+
+
+def counts_with_results(rows: Iterable[tuple[str, str | None, int]]) -> dict[str, int]:
+    """`count_by_state(results=True)` from (state, result class or None, count) rows:
+    per state, and per result class (`ok`, `err`, `failed`, always there)."""
+    counts: dict[str, int] = dict.fromkeys(RESULT_CLASSES, 0)
+    for state, result, n in rows:
+        counts[state] = counts.get(state, 0) + n
+        if result is not None:
+            counts[result] += n
+    return counts
 
 
 def us(dt: datetime) -> int:

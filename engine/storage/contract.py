@@ -118,6 +118,8 @@ LIST_ORDERS: tuple[ListOrder, ...] = ("created_desc", "created_asc", "updated_de
 class ListFilter:
     ffqn_prefix: str | None = None
     states: Sequence[str] | None = None  # state names, e.g. ("pending_at", "locked")
+    #: Finished executions of these result classes only (`RESULT_CLASSES`: ok, err, failed).
+    results: Sequence[str] | None = None
     hide_finished: bool = False
     top_level_only: bool = False
     id_prefix: str | None = None
@@ -349,7 +351,10 @@ class Storage(Protocol):
         """`rows` (of this database) with `children` and `last_event` filled, as
         `list_executions` gives them with `ListFilter.with_extras`."""
 
-    async def count_by_state(self) -> dict[str, int]: ...
+    async def count_by_state(self, *, results: bool = False) -> dict[str, int]:
+        """Executions per state name (overlays as their own states); with `results`, the
+        finished ones also per result class (`ok`, `err`, `failed` keys, in the same
+        query: the class is read from the summary of the finished rows only)."""
 
     async def count_executions(self, flt: ListFilter) -> int:
         """How many rows `list_executions(flt)` would page through (limit, offset and

@@ -511,9 +511,10 @@ class ShardedStorage:
         )
         return sorted(row for part in parts for row in part)
 
-    async def count_by_state(self) -> dict[str, int]:
+    async def count_by_state(self, *, results: bool = False) -> dict[str, int]:
         total: dict[str, int] = {}
-        for counts in await asyncio.gather(*(s.count_by_state() for s in self.shards)):
+        parts = await asyncio.gather(*(s.count_by_state(results=results) for s in self.shards))
+        for counts in parts:
             for state, n in counts.items():
                 total[state] = total.get(state, 0) + n
         return total

@@ -30,6 +30,8 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         Binding("slash", "filter", "Filter", priority=True),
         Binding("o", "order", "Order"),
         Binding("t", "top_level", "Top-level", show=False),
+        Binding("f", "follow", "Follow"),
+        Binding("F", "failures", "Failures"),
         Binding("p", "act('pause')", "Pause"),
         Binding("p", "explain('pause')", show=False),
         Binding("u", "act('unpause')", "Unpause"),
@@ -50,10 +52,10 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False, icon=HEADER_ICON)
-        yield StateCounts(id="counts")
+        yield StateCounts(self.obelisk.throughput, id="counts")
         yield Static(id="list-title")
         yield Input(
-            placeholder="filter: state:locked,paused  ffqn:myapp:demo/  id:E_01…  top   (enter: apply, esc: clear)",
+            placeholder="filter: state:locked,paused  result:err,failed  ffqn:myapp:demo/  id:E_01…  top   (enter: apply, esc: clear)",
             id="filter",
         )
         yield ExecutionList(now=self.obelisk.now, id="executions")
@@ -83,7 +85,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         backend = self.obelisk.backend
         try:
             counts, total, rows = await asyncio.gather(
-                backend.counts_by_state(),
+                backend.counts_by_state(results=True),
                 backend.count_executions(self.query_state),
                 backend.list_executions(self.query_state, offset, limit),
             )
@@ -102,10 +104,14 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         if total is not None:
             self._title_total = total
         title = self.query_one("#list-title", Static)
-        marked = len(self.query_one(ExecutionList).marked)
+        lst = self.query_one(ExecutionList)
         # Fitted to the line (a long filter wrapped out of sight): re-fitted on resize.
         width = title.size.width or self.app.size.width
-        title.update(model.list_title(self._title_total, self.query_state, marked, width))
+        title.update(
+            model.list_title(
+                self._title_total, self.query_state, len(lst.marked), width, lst.follow
+            )
+        )
 
     def on_resize(self) -> None:
         self._update_title()
@@ -123,6 +129,18 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
     @on(ExecutionList.CursorMoved)
     def _moved(self, _: ExecutionList.CursorMoved) -> None:
         self._refresh_footer()
+
+    @on(ExecutionList.FollowChanged)
+    def _follow_changed(self, _: ExecutionList.FollowChanged) -> None:
+        self._update_title(self.query_one(ExecutionList).total)
+
+    def action_follow(self) -> None:
+        lst = self.query_one(ExecutionList)
+        lst.set_follow(not lst.follow)
+        self.notify(
+            "the cursor follows the top row" if lst.follow else "the cursor stays where it is",
+            timeout=2,
+        )
 
     @on(ExecutionList.MarksChanged)
     def _marks(self, _: ExecutionList.MarksChanged) -> None:
@@ -168,6 +186,12 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
     def action_order(self) -> None:
         self._set_query(model.next_order(self.query_state))
         self.notify(f"order: {model.ORDER_TITLES[self.query_state.order]}", timeout=2)
+
+    def action_failures(self) -> None:
+        """The failures view (`result:err,failed`), on or off: the other filters stay."""
+        self._set_query(model.toggle_failures(self.query_state))
+        on = self.query_state.results == model.FAILURES
+        self.notify("failures: finished err or failed" if on else "failures view off", timeout=2)
 
     def action_top_level(self) -> None:
         q = self.query_state

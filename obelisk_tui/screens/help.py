@@ -33,6 +33,8 @@ EXECUTIONS: Rows = [
     ("esc", "clear the filter"),
     ("o", "order: newest first, oldest first, last change first"),
     ("t", "top-level executions only (on / off)"),
+    ("f", "the cursor follows the top row (on at start, off once you move it)"),
+    ("F", "failures: finished err or failed (result:err,failed; on / off)"),
     ("m  M", "mark the selected execution and move down / unmark all"),
     ("p u c", "pause / unpause / cancel (asks first): the marked executions, or the selected one"),
     ("S", "stub the selected activity_stub execution (write its return value)"),
@@ -72,9 +74,9 @@ EVERYWHERE: Rows = [
 ]
 
 FILTER = """\
-state:locked,paused   ffqn:myapp:demo/   id:E_01J…   top
+state:locked,paused   result:err,failed   ffqn:myapp:demo/   id:E_01J…   top
 A bare E_… word is an id prefix, any other bare word an FFQN prefix. States: pending,
-locked, blocked, paused, cancelling, finished. A greyed key does not apply to the
+locked, blocked, paused, cancelling, finished. Results: ok, err, failed. A greyed key does not apply to the
 selection; pressed, it says why."""
 
 

@@ -3,8 +3,9 @@
 It never fetches anything: it shows a window of rows that its screen loads
 (`show_window`) and asks for another window with `WindowWanted` when the user scrolls
 past what is loaded. Rows keep their place on refresh; the cursor stays on the same
-execution when newer ones arrive above it (unless it is on the first row at the top:
-then it follows the newest).
+execution when newer ones arrive above it, unless the list follows its first row
+(`follow`: on at start, off as soon as the operator moves the cursor or scrolls, on
+again with `f`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from rich.text import Text
+from textual import events
 from textual.binding import Binding
 from textual.message import Message
 
@@ -100,6 +102,11 @@ class ExecutionList(RowList):
             self.first = offset
             self.limit = limit
 
+    class FollowChanged(Message):
+        def __init__(self, follow: bool) -> None:
+            super().__init__()
+            self.follow = follow
+
     class MarksChanged(Message):
         def __init__(self, marked: frozenset[str]) -> None:
             super().__init__()
@@ -118,22 +125,58 @@ class ExecutionList(RowList):
         self.marked: set[str] = set()
         self.now = now or (lambda: datetime.now(UTC))
         self._wanted: tuple[int, int] | None = None
+        #: The cursor follows the first row (the newest, newest first): a live tail. Only
+        #: until the operator moves the cursor (or scrolls): from then on a key acts on
+        #: the execution they chose, whatever arrives (`set_follow` turns it back on).
+        self.follow = True
+
+    # -- following -----------------------------------------------------------------------
+    def set_follow(self, follow: bool) -> None:
+        self.follow = follow
+        if follow and self.total:
+            self.scroll_to(y=0, animate=False)
+            self.cursor = 0
+        self.post_message(self.FollowChanged(follow))
+
+    def move_cursor(self, index: int) -> None:
+        """The operator moved the cursor (keys, marks): it stays where they put it."""
+        self._unfollow()
+        super().move_cursor(index)
+
+    def on_click(self, event: object) -> None:
+        self._unfollow()
+        super().on_click(event)
+
+    def on_mouse_scroll_down(self, _: events.MouseScrollDown) -> None:
+        self._unfollow()
+
+    def on_mouse_scroll_up(self, _: events.MouseScrollUp) -> None:
+        self._unfollow()
+
+    def _unfollow(self) -> None:
+        if self.follow:
+            self.follow = False
+            self.post_message(self.FollowChanged(False))
 
     # -- data in -------------------------------------------------------------------------
     def show_window(self, total: int, offset: int, rows: list[ExecutionInfo]) -> None:
         """Rows [offset, offset + len(rows)) of a list of `total` rows.
 
-        On the first row at the top, the cursor follows the newest execution (a live
-        tail). Anywhere else it stays on the execution it was on, so that a key pressed
+        Following (`follow`), the cursor stays on the first row, in sight: the newest
+        execution. Otherwise it stays on the execution it was on, so that a key pressed
         just after a refresh acts on what was highlighted; at the top the view stays
         there, so that new executions come into sight, elsewhere it moves with the rows."""
         selected = self.selected
         at_top = self.first_visible == 0
-        following = at_top and self.cursor == 0
         self.total, self.start, self.rows = total, offset, rows
         self._wanted = None
         self.rows_changed()
-        if selected is not None and not following:
+        if self.follow:
+            if self.cursor != 0 or not at_top:
+                self.scroll_to(y=0, animate=False)
+                self.set_reactive(ExecutionList.cursor, 0)
+                self.refresh()
+        elif selected is not None:
             index = self.index_of(selected["execution_id"])
             if index is not None and index != self.cursor:
                 if not at_top:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,7 @@ async def open_console(
     *,
     backend: ConsoleBackend | None = None,
     size: tuple[int, int] = SIZE,
+    now: Callable[[], datetime] | None = None,
 ) -> AsyncIterator[tuple[ObeliskApp, Pilot[None]]]:
     """The console on `engine` (embedded) or on `backend`, connected and on its home screen."""
 
@@ -137,7 +139,7 @@ async def open_console(
         assert engine is not None
         return EmbeddedBackend(engine, label="test", owns_engine=False)
 
-    app = ObeliskApp(connect, what="test")
+    app = ObeliskApp(connect, what="test", now=now)
     async with app.run_test(size=size) as pilot:
         from obelisk_tui.screens.executions import ExecutionsScreen
 

@@ -209,7 +209,8 @@ class DrainedProcess:
 COUNTS_RE = re.compile(
     r"(?P<total>[\d,]+) executions\s+pending (?P<pending_at>[\d,]+)\s+locked (?P<locked>[\d,]+)"
     r"\s+blocked (?P<blocked_by_join_set>[\d,]+)\s+paused (?P<paused>[\d,]+)"
-    r"\s+cancelling (?P<cancelling>[\d,]+)\s+finished (?P<finished>[\d,]+)"
+    r"\s+cancelling (?P<cancelling>[\d,]+)"
+    r"\s+ok (?P<ok>[\d,]+)\s+err (?P<err>[\d,]+)\s+failed (?P<failed>[\d,]+)"
 )
 #: The title above the list: "146 executions · newest first · filter: state:finished".
 LIST_TITLE_RE = re.compile(
@@ -228,11 +229,14 @@ STATES = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling",
 
 
 def parse_counts(screen: str) -> dict[str, int] | None:
-    """{"total": …, "pending_at": …, …} from the executions screen's header, or None."""
+    """{"total": …, "pending_at": …, …, "finished": …, "ok": …, "err": …, "failed": …} from
+    the executions screen's header (which splits the finished by result), or None."""
     match = COUNTS_RE.search(screen)
     if match is None:
         return None
-    return {k: int(v.replace(",", "")) for k, v in match.groupdict().items()}
+    counts = {k: int(v.replace(",", "")) for k, v in match.groupdict().items()}
+    counts["finished"] = counts["ok"] + counts["err"] + counts["failed"]
+    return counts
 
 
 def list_title(screen: str) -> re.Match[str] | None:

@@ -86,7 +86,7 @@ async def test_list_shows_executions_live_with_state_counts(console_engine: Engi
         await engine.result(first, timeout=10)
         await until(pilot, lambda: "finished ok" in screen_text(app), what="the step to finish")
         text = screen_text(app)
-        assert "2 executions" in text and "finished 1" in text and "pending 1" in text
+        assert "2 executions" in text and "ok 1" in text and "pending 1" in text
         assert "test:console/approval.approve" in text and "test:console/activity.step" in text
         assert listed(app) == [stub, first]  # newest first
 
@@ -892,7 +892,9 @@ async def test_the_cursor_stays_on_its_execution_when_new_ones_arrive(
         assert await state_of(engine, older[0]) == "paused"
         assert {await state_of(engine, x) for x in newer} == {"pending_at"}
 
-        await pilot.press("g")  # on the first row at the top: follows the newest
+        await pilot.press("g")  # the first row, chosen: it stays chosen
+        assert not lst.follow
+        await pilot.press("f")  # following the top row: the newest
         latest = await engine.submit(APPROVE, ["latest"])
         await until(pilot, lambda: listed(app)[:1] == [latest], what="the latest")
         assert lst.cursor == 0 and lst.selected["execution_id"] == latest  # type: ignore[index]

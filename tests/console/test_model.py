@@ -426,49 +426,48 @@ async def test_steps_show_overlays_and_responses(console_engine: Engine) -> None
     assert last.edge == "response"
 
 
-def test_per_second_counts_spread_what_finished_between_counts() -> None:
-    from obelisk_tui.widgets.state_counts import HISTORY, PerSecond
+def test_throughput_is_finished_over_wall_clock_time() -> None:
+    from obelisk_tui.model import THROUGHPUT_HISTORY, Throughput
 
-    bars = PerSecond()
-    bars.advance(100.0)
-    # Counted several times in second 100 (10 in all), once in 101 (+5).
-    for grown, at in [(4, 100.2), (4, 100.5), (2, 100.9), (5, 101.5)]:
-        bars.count(grown, at)
-    bars.advance(102.0)
-    assert bars.bars[-2:] == [10.0, 5.0] and bars.last_second == 5.0
-    # Idle: the ticks close empty seconds, and the line moves on.
-    bars.advance(103.0)
-    bars.advance(104.0)
-    bars.count(0, 104.5)  # still shown: nothing finished
-    assert bars.bars[-4:] == [10.0, 5.0, 0.0, 0.0]
-    # Not counted for a while (the list was hidden): 8 finished over seconds 105..108,
-    # spread over them rather than piled into the last one.
-    for t in (105.0, 106.0, 107.0, 108.0):
-        bars.advance(t)
-    bars.count(8, 108.5)
-    bars.advance(109.0)
-    assert bars.bars[-5:] == [0.0, 2.0, 2.0, 2.0, 2.0]
-    assert len(bars.bars) == HISTORY
+    t = Throughput()
+    t.sample(100, 1000.0)  # the baseline
+    assert t.rate == 0.0 and t.bars == [0.0] * THROUGHPUT_HISTORY
+    t.sample(112, 1001.0)
+    assert t.rate == 12.0 and t.bars[-1] == 12.0
+    t.sample(112, 1001.0)  # the clock did not move: nothing to say yet
+    assert t.rate == 12.0
+    t.sample(112, 1002.0)  # idle: the rate says so
+    assert t.rate == 0.0 and t.bars[-2:] == [12.0, 0.0]
+    # A late sample (five minutes, 3,600 finished: 12/s) is that average over each of
+    # its seconds, not a spike.
+    t.sample(3712, 1302.0)
+    assert t.rate == 12.0 and t.bars == [12.0] * THROUGHPUT_HISTORY
+    t.sample(3700, 1303.0)  # a smaller count is no negative rate
+    assert t.rate == 0.0
 
 
 async def test_throughput_sparkline_moves_each_second() -> None:
     from textual.app import App, ComposeResult
     from textual.widgets import Sparkline, Static
 
+    from obelisk_tui.model import Throughput
     from obelisk_tui.widgets.state_counts import StateCounts
+
+    throughput = Throughput()
 
     class Host(App[None]):
         def compose(self) -> ComposeResult:
-            yield StateCounts(id="counts")
+            yield StateCounts(throughput, id="counts")
 
     async with Host().run_test(size=(160, 5)) as pilot:
         bar = pilot.app.query_one(StateCounts)
-        bar.show({"finished": 0}, at=200.0)
-        bar.show({"finished": 6}, at=200.5)
-        bar.tick(at=201.0)
+        throughput.sample(0, 200.0)
+        throughput.sample(6, 201.0)
+        bar.show_rate()
         assert bar.query_one(Sparkline).data[-1] == 6.0
         assert "6.0 fin/s" in str(bar.query_one("#rate", Static).render())
-        bar.tick(at=202.0)  # nothing finished: the rate says so
+        throughput.sample(6, 202.0)  # nothing finished: the rate says so
+        bar.show_rate()
         assert bar.query_one(Sparkline).data[-2:] == [6.0, 0.0]
         assert "0.0 fin/s" in str(bar.query_one("#rate", Static).render())
 
@@ -494,7 +493,7 @@ async def test_counts_bar_fits_a_narrow_terminal(width: int, wide: bool) -> None
     }
     async with Host().run_test(size=(width, 5)) as pilot:
         bar = pilot.app.query_one(StateCounts)
-        bar.show(counts, at=1.0)
+        bar.show(counts)
         await pilot.pause()
         assert bar.query_one(Sparkline).display is wide
         counts_box = bar.query_one("#counts", Static)

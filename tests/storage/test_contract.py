@@ -1058,6 +1058,37 @@ async def test_count_by_state(storage: Storage) -> None:
     assert counts == {"finished": 1, "pending_at": 2, "blocked_by_join_set": 1, "paused": 1}
 
 
+async def test_count_and_list_by_result(storage: Storage) -> None:
+    assert await storage.count_by_state(results=True) == {"ok": 0, "err": 0, "failed": 0}
+    x = await _list_fixture(storage)  # a1 finished ok
+    # A result whose value reads like the summary's own field does not fool the SQL.
+    err = await create(storage, OTHER_FFQN, now=20)
+    await finish(storage, err, 21, ev.ResultErr({"result_kind": "ok", "x": '"result_kind":"ok"'}))
+    failed = await create(storage, OTHER_FFQN, now=22)
+    await finish(storage, failed, 23, ev.ExecutionFailure("timed_out", "too slow"))
+    ok = await create(storage, OTHER_FFQN, now=24)
+    await finish(storage, ok, 25, ev.ResultOk('"result_kind":"err"'))
+    counts = {k: v for k, v in (await storage.count_by_state(results=True)).items() if v}
+    assert counts == {
+        "finished": 4,
+        "pending_at": 2,
+        "blocked_by_join_set": 1,
+        "ok": 2,
+        "err": 1,
+        "failed": 1,
+    }
+
+    async def ids(*results: str) -> list[str]:
+        rows = await storage.list_executions(ListFilter(results=results))
+        assert await storage.count_executions(ListFilter(results=results)) == len(rows)
+        return [r.execution_id for r in rows]
+
+    assert await ids("ok") == [ok, x["a1"]]
+    assert await ids("err") == [err]
+    assert await ids("err", "failed") == [failed, err]
+    assert await ids("failed") == [failed]
+
+
 # ---------------------------------------------------------------------------------------
 # logs
 # ---------------------------------------------------------------------------------------

@@ -21,6 +21,18 @@ _ORDER_BY: dict[str, str] = {
 }
 
 
+#: A finished row's result class (`engine.core.state_names.result_class`) from its
+#: summary, without decoding it: the summary is JSON and its `underlying` (the Finished
+#: state, with `result_kind`) comes before `result`, the only field holding user data,
+#: and after fields whose strings are escaped: so the first `"result_kind":"` is the
+#: Finished state's, and its first two bytes tell ok / err / execution_failure apart.
+#: Only meaningful where `state = 'finished'`.
+RESULT_CLASS_SQL = (
+    '(CASE substring(summary FROM position(\'"result_kind":"\'::bytea IN summary) + 15 FOR 2)'
+    " WHEN 'ok'::bytea THEN 'ok' WHEN 'er'::bytea THEN 'err' ELSE 'failed' END)"
+)
+
+
 def _list_where(flt: ListFilter) -> tuple[str, list[Any]]:
     """The WHERE clause (with its leading space, or empty) of a list filter, $1…$n."""
     where: list[str] = []
@@ -35,6 +47,10 @@ def _list_where(flt: ListFilter) -> tuple[str, list[Any]]:
         where.append(f"ffqn >= {arg(flt.ffqn_prefix)} AND ffqn < {arg(flt.ffqn_prefix + top)}")
     if flt.states:
         where.append(f"state = ANY({arg(list(flt.states))}::text[])")
+    if flt.results:
+        where.append(
+            f"state = 'finished' AND {RESULT_CLASS_SQL} = ANY({arg(list(flt.results))}::text[])"
+        )
     if flt.hide_finished:
         where.append("state != 'finished'")
     if flt.top_level_only:

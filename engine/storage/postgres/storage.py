@@ -50,6 +50,7 @@ from engine.storage.common import (
     apply_remote_notes,
     cancel_events,
     check_unpause,
+    counts_with_results,
     dt,
     event_type,
     first_line,
@@ -85,7 +86,13 @@ from engine.storage.postgres.batches import (
     _with_parent,
 )
 from engine.storage.postgres.leases import PostgresLeases
-from engine.storage.postgres.queries import _ORDER_BY, _ROW_COLUMNS, _list_where, _row
+from engine.storage.postgres.queries import (
+    _ORDER_BY,
+    _ROW_COLUMNS,
+    RESULT_CLASS_SQL,
+    _list_where,
+    _row,
+)
 from engine.storage.postgres.schema import _clock_skew, _close_quietly, _migrate, _server_settings
 from engine.storage.postgres.target import (
     PostgresTarget,
@@ -701,9 +708,15 @@ class PostgresStorage(_GroupCommit):
         rows = await self._fetch(sql, *args)
         return sorted(UnfinishedExecution(e, f, d) for e, f, d in rows)
 
-    async def count_by_state(self) -> dict[str, int]:
-        rows = await self._fetch("SELECT state, count(*) FROM executions GROUP BY state")
-        return {state: int(count) for state, count in rows}
+    async def count_by_state(self, *, results: bool = False) -> dict[str, int]:
+        if not results:
+            rows = await self._fetch("SELECT state, count(*) FROM executions GROUP BY state")
+            return {state: int(count) for state, count in rows}
+        rows = await self._fetch(
+            f"SELECT state, CASE WHEN state = 'finished' THEN {RESULT_CLASS_SQL} END, count(*) "
+            "FROM executions GROUP BY 1, 2"
+        )
+        return counts_with_results([(state, kind, int(n)) for state, kind, n in rows])
 
     async def get_logs(
         self, execution_id: str, after_id: int = 0, limit: int = 1000

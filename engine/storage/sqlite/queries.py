@@ -25,6 +25,18 @@ _ORDER_BY: dict[str, str] = {
 }
 
 
+#: A finished row's result class (`engine.core.state_names.result_class`) from its
+#: summary, without decoding it: the summary is JSON and its `underlying` (the Finished
+#: state, with `result_kind`) comes before `result`, the only field holding user data,
+#: and after fields whose strings are escaped: so the first `"result_kind":"` is the
+#: Finished state's, and its first two letters tell ok / err / execution_failure apart.
+#: Only meaningful where `state = 'finished'`.
+RESULT_CLASS_SQL = (
+    '(CASE substr(CAST(summary AS TEXT), instr(CAST(summary AS TEXT), \'"result_kind":"\') + 15, 2)'
+    " WHEN 'ok' THEN 'ok' WHEN 'er' THEN 'err' ELSE 'failed' END)"
+)
+
+
 def _list_where(flt: ListFilter) -> tuple[str, list[Any]]:
     """The WHERE clause (with its leading space, or empty) of a list filter."""
     where: list[str] = []
@@ -35,6 +47,11 @@ def _list_where(flt: ListFilter) -> tuple[str, list[Any]]:
     if flt.states:
         where.append(f"state IN ({','.join('?' * len(flt.states))})")
         args += list(flt.states)
+    if flt.results:
+        where.append(
+            f"state = 'finished' AND {RESULT_CLASS_SQL} IN ({','.join('?' * len(flt.results))})"
+        )
+        args += list(flt.results)
     if flt.hide_finished:
         where.append("state != 'finished'")
     if flt.top_level_only:

@@ -40,6 +40,7 @@ from engine.storage.common import (
     RemoteNotes,
     apply_remote_notes,
     check_unpause,
+    counts_with_results,
     dt,
     frames_decoder,
     prepare_backtraces,
@@ -75,7 +76,14 @@ from engine.storage.sqlite.batches import (
     _Tx,
 )
 from engine.storage.sqlite.peers import PeerBus
-from engine.storage.sqlite.queries import _ORDER_BY, _ROW_COLUMNS, _event_type, _list_where, _row
+from engine.storage.sqlite.queries import (
+    _ORDER_BY,
+    _ROW_COLUMNS,
+    RESULT_CLASS_SQL,
+    _event_type,
+    _list_where,
+    _row,
+)
 from engine.storage.sqlite.schema import _check_writable, _connect, _migrate, _set_wal
 from engine.storage.sqlite.transactions import (
     _add_response,
@@ -626,11 +634,25 @@ class SqliteStorage:
         rows = await self._reader.execute_fetchall(sql, args)
         return sorted(UnfinishedExecution(e, f, d) for e, f, d in rows)
 
-    async def count_by_state(self) -> dict[str, int]:
-        rows = await self._reader.execute_fetchall(
-            "SELECT state, count(*) FROM executions GROUP BY state"
+    async def count_by_state(self, *, results: bool = False) -> dict[str, int]:
+        if not results:
+            rows = await self._reader.execute_fetchall(
+                "SELECT state, count(*) FROM executions GROUP BY state"
+            )
+            return {state: count for state, count in rows}
+        # Two index-only counts: by state, and the finished by result class (the
+        # partial index of migration 6; named, or SQLite picks the state index and
+        # reads every finished summary).
+        by_state = await self._reader.execute_fetchall(
+            "SELECT state, count(*) FROM executions WHERE state != 'finished' GROUP BY state"
         )
-        return {state: count for state, count in rows}
+        by_result = await self._reader.execute_fetchall(
+            f"SELECT {RESULT_CLASS_SQL}, count(*) FROM executions "
+            "INDEXED BY executions_result_class WHERE state = 'finished' GROUP BY 1"
+        )
+        rows: list[tuple[str, str | None, int]] = [(state, None, n) for state, n in by_state]
+        rows += [("finished", kind, n) for kind, n in by_result]
+        return counts_with_results(rows)
 
     async def get_logs(
         self, execution_id: str, after_id: int = 0, limit: int = 1000
