@@ -650,9 +650,9 @@ class SqliteStorage:
             f"SELECT {RESULT_CLASS_SQL}, count(*) FROM executions "
             "INDEXED BY executions_result_class WHERE state = 'finished' GROUP BY 1"
         )
-        rows: list[tuple[str, str | None, int]] = [(state, None, n) for state, n in by_state]
-        rows += [("finished", kind, n) for kind, n in by_result]
-        return counts_with_results(rows)
+        split: list[tuple[str, str | None, int]] = [(state, None, n) for state, n in by_state]
+        split += [("finished", kind, n) for kind, n in by_result]
+        return counts_with_results(split)
 
     async def get_logs(
         self, execution_id: str, after_id: int = 0, limit: int = 1000
