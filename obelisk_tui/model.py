@@ -862,9 +862,8 @@ def list_title(
     stays readable, `ffqn:` part included."""
     count = "" if total is None else f"{total:,} "
     noun = "execution" if total == 1 else "executions"
-    following = " · cursor follows the top row (f)" if follow else ""
 
-    def title(q: ExecutionQuery, with_order: bool) -> str:
+    def title(q: ExecutionQuery, with_order: bool, following: str) -> str:
         text = f" {count}{noun}"
         if with_order:
             text += f" · {ORDER_TITLES[q.order]}"
@@ -872,13 +871,15 @@ def list_title(
             text += f" · filter: {format_filter(q)}"
         return text + (f" · {marked} marked" if marked else "") + following
 
-    for with_order in (True, False):
-        if len(text := title(query, with_order)) <= width:
+    # What goes first when the line is short: the order, then the words of following.
+    followings = (" · cursor follows the top row (f)", " · following (f)", "") if follow else ("",)
+    for with_order, following in [(True, followings[0])] + [(False, f) for f in followings]:
+        if len(text := title(query, with_order, following)) <= width:
             return text
     if query.ffqn_prefix:
-        placeholder = len(title(replace(query, ffqn_prefix="x"), False)) - 1
+        placeholder = len(title(replace(query, ffqn_prefix="x"), False, "")) - 1
         ffqn = short_end(query.ffqn_prefix, max(width - placeholder, 12))
-        text = title(replace(query, ffqn_prefix=ffqn), False)
+        text = title(replace(query, ffqn_prefix=ffqn), False, "")
     return cut_words(text, width)
 
 
