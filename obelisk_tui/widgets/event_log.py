@@ -14,20 +14,28 @@ from obelisk_tui import model
 from obelisk_tui.messages import DelayKey
 from obelisk_tui.widgets.row_list import RowList
 
-#: Colour of each event name.
+#: Colour of each event name: a fixed colour, or the state whose (theme's) colour it
+#: takes, looked up when drawn (`model.STATE_COLOURS` follows the theme).
 EVENT_COLOURS: dict[str, str] = {
     "created": "#8abeb7",
-    "locked": model.STATE_COLOURS["locked"],
-    "unlocked": model.STATE_COLOURS["pending_at"],
     "temporarily_failed": "#e0606a",
     "temporarily_timed_out": "#e0606a",
-    "finished": model.STATE_COLOURS["finished"],
-    "paused": model.STATE_COLOURS["paused"],
-    "unpaused": model.STATE_COLOURS["paused"],
-    "cancellation_requested": model.STATE_COLOURS["cancelling"],
-    "join_next": model.STATE_COLOURS["blocked_by_join_set"],
     "join_set_request": "#b5bd68",
 }
+EVENT_STATES: dict[str, str] = {
+    "locked": "locked",
+    "unlocked": "pending_at",
+    "finished": "finished",
+    "paused": "paused",
+    "unpaused": "paused",
+    "cancellation_requested": "cancelling",
+    "join_next": "blocked_by_join_set",
+}
+
+
+def event_colour(name: str) -> str:
+    state = EVENT_STATES.get(name)
+    return model.STATE_COLOURS[state] if state is not None else EVENT_COLOURS.get(name, "")
 
 
 #: Wide enough for every event name but `component_upgrade_finished`.
@@ -121,7 +129,7 @@ class EventLog(RowList):
         event = entry["event"]
         name = model.event_name(event)
         finished = name == "finished"
-        colour = EVENT_COLOURS.get(name, "")
+        colour = event_colour(name)
         if finished:
             kind = model.result_kind(model.normal_result(event.get("result") or {}))
             colour = model.STATE_COLOURS["finished" if kind == "ok" else "err"]
