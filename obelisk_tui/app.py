@@ -429,6 +429,11 @@ class ObeliskApp(App[None]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(sections(self.screen)))
 
+    def action_show_help_panel(self) -> None:
+        """The palette's "Keys" opens the console's one help: Textual's own panel lists
+        bindings by their one-word descriptions only, and disagreed with it."""
+        self.action_help()
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         from obelisk_tui.screens.executions import ExecutionsScreen
 

@@ -2,7 +2,8 @@
 
 Textual's own key panel lists bindings by their one-word descriptions only (and those
 without one not at all): an operator needs `[`/`]`, `space`, `r` and the filter's
-syntax explained, so the guide is written out here, per screen.
+syntax explained, so the guide is written out here, per screen; the palette's "Keys"
+opens this help too (one help).
 """
 
 from __future__ import annotations
@@ -73,11 +74,16 @@ EVERYWHERE: Rows = [
     ("q", "quit"),
 ]
 
-FILTER = """\
-state:locked,paused   result:err,failed   ffqn:myapp:demo/   id:E_01J…   top
-A bare E_… word is an id prefix, any other bare word an FFQN prefix. States: pending,
-locked, blocked, paused, cancelling, finished. Results: ok, err, failed. A greyed key does not apply to the
-selection; pressed, it says why."""
+#: Written as sentences, wrapped by the terminal (never by the source).
+FILTER = "\n".join(
+    [
+        "state:locked,paused   result:err,failed   ffqn:myapp:demo/   id:E_01J…   top",
+        "A bare E_… word is an id prefix, any other bare word an FFQN prefix. "
+        "States: pending, locked, blocked, paused, cancelling, finished. "
+        "Results: ok, err, failed.",
+        "A greyed key does not apply to the selection; pressed, it says why.",
+    ]
+)
 
 
 def sections(screen: Screen[object]) -> list[tuple[str, Rows | str]]:

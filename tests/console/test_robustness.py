@@ -15,7 +15,7 @@ from engine.engine import Engine
 from obelisk_tui.backend import EmbeddedBackend
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from obelisk_tui.screens.executions import ExecutionsScreen
-from tests.console.conftest import STEP, open_console, until
+from tests.console.conftest import STEP, open_console, screen_text, until
 from tests.console.test_console import listed, select
 
 
@@ -106,3 +106,18 @@ async def test_a_detail_screen_closed_during_its_load_does_not_crash(
         await pilot.pause(0.1)
         assert app.is_running
         assert app.screen_errors == []
+
+
+async def test_the_palettes_keys_opens_the_one_help(console_engine: Engine) -> None:
+    """The command palette's "Keys" showed Textual's panel, which lists other words than
+    the console's help: it opens the help."""
+    from obelisk_tui.screens.help import HelpScreen
+
+    async with open_console(console_engine) as (app, pilot):
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Keys")
+        await until(pilot, lambda: "Keys" in screen_text(app), what="the Keys command")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
+        assert "Filter" in screen_text(app) and "Everywhere" in screen_text(app)
+        assert not app.screen.query("HelpPanel")
