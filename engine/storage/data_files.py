@@ -108,11 +108,14 @@ def private_dir(path: Path) -> None:
     """Make the directory `path` (0700) and its missing parents (the usual mode)."""
     if path.is_dir():
         return
-    if path.exists():  # a file where the directory should be: say so, as mkdir would below
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    # The umask may only take bits away from 0700; another process may make it first.
-    path.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+    # The umask may only take bits away from 0700; another process may make it first
+    # (between the look above and here: then it is a directory, and that is fine).
+    try:
+        path.mkdir(mode=PRIVATE_DIR)
+    except FileExistsError:
+        if not path.is_dir():  # a file where the directory should be: say so
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path)) from None
 
 
 def private_file(path: Path) -> None:

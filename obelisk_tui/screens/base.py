@@ -34,15 +34,12 @@ class ObeliskScreenMixin:
         return cast("ObeliskApp", self.app)
 
     def trail(self) -> tuple[str, ...]:
-        """The breadcrumb's crumbs of the screens up to this one: "executions" for the
-        list, each other screen's `crumb` (an execution id, "components"); dialogs and
-        the start-up screen have none."""
-        from obelisk_tui.screens.executions import ExecutionsScreen
-
+        """The breadcrumb's crumbs of the screens up to this one: each screen's `crumb`
+        ("executions" for the list, an execution id, "components"); dialogs and the
+        start-up screen have none."""
         out: list[str] = []
         for screen in self.app.screen_stack:
-            crumb = "executions" if isinstance(screen, ExecutionsScreen) else None
-            crumb = getattr(screen, "crumb", crumb)
+            crumb = getattr(screen, "crumb", None)
             if isinstance(crumb, str):
                 out.append(crumb)
             if screen is cast(DOMNode, self):

@@ -24,6 +24,9 @@ from obelisk_tui.widgets.state_counts import StateCounts
 
 
 class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
+    #: Its crumb in the breadcrumb of the screens above it.
+    crumb = "executions"
+
     BINDINGS = [
         # A priority binding runs as the key arrives, before the keys typed after it are
         # forwarded: those go to the filter box it focuses, not to bindings (`q` quits).

@@ -15,7 +15,7 @@ from textual.widgets import Button, Label, Static, TextArea
 
 from engine.client import ApiError
 from engine.views import ExecutionInfo
-from obelisk_tui import model
+from obelisk_tui import submitting
 from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.widgets.key_footer import KeyFooter
 
@@ -63,7 +63,7 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
         if not self.is_live:  # closed while we waited
             return
         ffqn = self.info["ffqn"]
-        for fn in model.exported_functions(deployment):
+        for fn in submitting.exported_functions(deployment):
             if fn["ffqn"] == ffqn:
                 self.return_type = fn["return_type"]
         signature = Text(ffqn, "bold")
@@ -73,7 +73,7 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
         self.query_one("#stub-signature", Static).update(signature)
         area = self.query_one(TextArea)
         if area.text == PLACEHOLDER:  # not what was typed meanwhile
-            area.text = model.stub_template(self.return_type)
+            area.text = submitting.stub_template(self.return_type)
         self._check()
 
     @on(TextArea.Changed)
@@ -81,7 +81,7 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
         self._check()
 
     def _check(self) -> Any | None:
-        value, error = model.check_stub(self.return_type, self.query_one(TextArea).text)
+        value, error = submitting.check_stub(self.return_type, self.query_one(TextArea).text)
         box = self.query_one("#stub-error", Static)
         if error:
             box.update(Text("✗ " + error, "#e0606a"))

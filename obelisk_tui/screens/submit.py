@@ -16,7 +16,7 @@ from textual.widgets.option_list import Option
 
 from engine.client import ApiError
 from engine.views import FunctionExport
-from obelisk_tui import model
+from obelisk_tui import submitting
 from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.widgets.key_footer import KeyFooter
 
@@ -102,7 +102,7 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
         if not self.is_live:  # closed while we waited
             return
         self.query_one("#signature", Static).update("pick a function")
-        self.functions = model.exported_functions(deployment)
+        self.functions = submitting.exported_functions(deployment)
         self._fill(self.query_one("#function-filter", Input).value)  # typed meanwhile
         if self.preselect:
             self._choose(self.preselect)
@@ -142,7 +142,7 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
             return
         self.chosen = fn
         self.query_one("#signature", Static).update(signature(fn))
-        self.query_one(TextArea).text = model.params_template(fn["params"])
+        self.query_one(TextArea).text = submitting.params_template(fn["params"])
         self._check()
 
     @on(TextArea.Changed)
@@ -154,7 +154,7 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
         if self.chosen is None:
             error_box.update(Text("pick a function first", "#e0606a"))
             return None
-        params, error = model.check_params(
+        params, error = submitting.check_params(
             self.chosen["ffqn"], self.chosen["params"], self.query_one(TextArea).text
         )
         if error:

@@ -14,7 +14,7 @@ from engine.answers import event_entries, response_entries
 from engine.client import ExecutionInfo
 from engine.core import events as ev
 from engine.engine import Engine
-from obelisk_tui import diagram, model, timeline
+from obelisk_tui import diagram, model, submitting, timeline
 from obelisk_tui.model import ExecutionQuery
 from obelisk_tui.widgets.execution_list import layout, short_ffqn, short_id
 from tests.console.conftest import FANOUT, ORDER
@@ -278,33 +278,33 @@ def test_template_and_check_params() -> None:
         {"name": "maybe", "type": "option<bool>"},
         {"name": "pair", "type": "tuple<string, f64>"},
     ]
-    template = model.params_template(params)  # type: ignore[arg-type]
+    template = submitting.params_template(params)  # type: ignore[arg-type]
     assert template == '[0, [], null, ["", 0.0]]'
-    assert model.check_params("f", params, template) == ([0, [], None, ["", 0.0]], None)  # type: ignore[arg-type]
-    _, error = model.check_params("f", params, '[1, [2], null, ["", 0]]')  # type: ignore[arg-type]
+    assert submitting.check_params("f", params, template) == ([0, [], None, ["", 0.0]], None)  # type: ignore[arg-type]
+    _, error = submitting.check_params("f", params, '[1, [2], null, ["", 0]]')  # type: ignore[arg-type]
     assert error == "params[1] (tags)[0]: expected string, got 2"
-    _, error = model.check_params("f", params, "[1]")  # type: ignore[arg-type]
+    _, error = submitting.check_params("f", params, "[1]")  # type: ignore[arg-type]
     assert (
         error
         == "f takes 4 parameter(s) (n: u32, tags: list<string>, maybe: option<bool>, pair: tuple<string, f64>), got 1"
     )
-    _, error = model.check_params("f", params, "{")  # type: ignore[arg-type]
+    _, error = submitting.check_params("f", params, "{")  # type: ignore[arg-type]
     assert error is not None and error.startswith("not JSON")
 
 
 def test_stub_template_and_check() -> None:
-    assert model.stub_template("result<bool, string>") == '{"ok": false}'
-    assert model.stub_template(None) == '{"ok": null}'
+    assert submitting.stub_template("result<bool, string>") == '{"ok": false}'
+    assert submitting.stub_template(None) == '{"ok": null}'
     rt = "result<u32, string>"
-    assert model.check_stub(rt, '{"ok": 7}') == ({"ok": 7}, None)
-    assert model.check_stub(rt, '{"err": "no"}') == ({"err": "no"}, None)
+    assert submitting.check_stub(rt, '{"ok": 7}') == ({"ok": 7}, None)
+    assert submitting.check_stub(rt, '{"err": "no"}') == ({"err": "no"}, None)
     for text, error in [
         ('{"ok": "7"}', "expected u32"),
         ('{"ok": 1, "err": "x"}', '{"ok": …} or {"err": …}'),
         ("7", '{"ok": …} or {"err": …}'),
         ("{", "not JSON"),
     ]:
-        value, got = model.check_stub(rt, text)
+        value, got = submitting.check_stub(rt, text)
         assert value is None and got is not None and error in got, (text, got)
 
 
