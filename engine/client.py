@@ -3,8 +3,8 @@ the shapes of `engine.views`).
 
 Used by the CLI (and by the console): one method per endpoint, JSON in and out, every
 failure raised as `ApiError` with the HTTP status and the server's message. The shapes of
-the answers are the `TypedDict`s of `engine.views` (re-exported here for the client's
-users), which the server (`engine.server.api`) builds.
+the answers are the `TypedDict`s of `engine.views` (import them from there), which the
+server (`engine.server.api`) builds.
 """
 
 from __future__ import annotations
@@ -20,23 +20,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from engine.views import (
-    UPGRADES_UNCHECKED,
     BacktraceInfo,
     ComponentInfo,
     ComponentSourceInfo,
     DeploymentInfo,
-    ErrorBody,
     EventEntry,
     ExecutionInfo,
-    FrameInfo,
-    FunctionExport,
     LogEntry,
-    ParamInfo,
     PersistBacktracesAnswer,
     ResponseEntry,
     SubmitAnswer,
-    lock_held,
-    upgrades_unchecked,
 )
 
 DEFAULT_API_URL = "http://127.0.0.1:5005"
@@ -333,26 +326,10 @@ def error_message(status: int, payload: bytes) -> str:
 
 __all__ = [
     "DEFAULT_API_URL",
-    "UPGRADES_UNCHECKED",
     "ApiClient",
     "ApiError",
-    "BacktraceInfo",
-    "ComponentInfo",
-    "ComponentSourceInfo",
-    "ErrorBody",
-    "EventEntry",
-    "ExecutionInfo",
-    "FrameInfo",
-    "FunctionExport",
-    "LogEntry",
-    "ParamInfo",
-    "PersistBacktracesAnswer",
-    "ResponseEntry",
     "ServerUnreachable",
-    "SubmitAnswer",
     "api_url_problem",
     "connection_error_reason",
     "error_message",
-    "lock_held",
-    "upgrades_unchecked",
 ]

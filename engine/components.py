@@ -138,7 +138,8 @@ async def load_components(
     """Load `configs` (in threads: compiling WASM takes a while), after preparing their
     kinds once. DeploymentError names the deployment file."""
     tell = on_progress or (lambda _label, _ready, _seconds: None)
-    prepares = {type(kind_of(c.type)): kind_of(c.type) for c in configs}
+    # Once per preparation, not per kind: the JS kinds share one QuickJS warm-up.
+    prepares = {type(kind_of(c.type)).prepare: kind_of(c.type) for c in configs}
 
     async def timed(label: str, call: Callable[[], T]) -> T:
         tell(label, False, 0.0)

@@ -77,17 +77,6 @@ def layout(width: int) -> list[tuple[str, int]]:
     return [(t, widths.get(t, w)) for t, w in cols]
 
 
-def short_id(execution_id: str, width: int) -> str:
-    """Ids longer than the column keep their start and their (child) end."""
-    return model.short_id(execution_id, width)
-
-
-def short_ffqn(ffqn: str, width: int) -> str:
-    """FFQNs longer than the column keep their end: the interface and function name
-    (`…demo/activity.step`) tell executions apart, the shared namespace does not."""
-    return model.short_end(ffqn, width)
-
-
 class ExecutionList(RowList):
     BINDINGS = [
         Binding("m", "toggle_mark", "Mark", show=False),
@@ -298,9 +287,9 @@ def render_execution(
     for title, w in cols:
         value, style = cells[title]
         if title == "EXECUTION":
-            value = short_id(value, w)
+            value = model.short_id(value, w)
         elif title == "FFQN":
-            value = short_ffqn(value, w)
+            value = model.short_end(value, w)
         value = model.cut_words(value, w)
         text.append(value.ljust(w), style)
         text.append(" ")

@@ -11,12 +11,13 @@ import pytest
 from rich.console import Console
 
 from engine.answers import event_entries, response_entries
-from engine.client import ExecutionInfo
 from engine.core import events as ev
 from engine.engine import Engine
+from engine.views import ExecutionInfo
 from obelisk_tui import diagram, model, submitting, timeline
-from obelisk_tui.model import ExecutionQuery
-from obelisk_tui.widgets.execution_list import layout, short_ffqn, short_id
+from obelisk_tui.model import ExecutionQuery, short_id
+from obelisk_tui.model import short_end as short_ffqn
+from obelisk_tui.widgets.execution_list import layout
 from tests.console.conftest import FANOUT, ORDER
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

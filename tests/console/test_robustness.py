@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from textual.screen import Screen
 
-from engine.client import ExecutionInfo
 from engine.core.events import ResultOk
 from engine.engine import Engine
+from engine.views import ExecutionInfo
 from obelisk_tui.backend import EmbeddedBackend
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from obelisk_tui.screens.executions import ExecutionsScreen
