@@ -246,8 +246,16 @@ def _fast_memory(inst: Any) -> None:
             memmove(data(context, memory) + address, payload, n)
         return int(p)
 
+    def write_at(ptr: int, payload: bytes) -> None:
+        """Copy `payload` to guest memory the caller allocated (`ptr` from `qjs_alloc`)."""
+        address = ptr & 0xFFFFFFFF
+        if address + len(payload) > size(context, memory):
+            raise IndexError("index out of range")
+        memmove(data(context, memory) + address, payload, len(payload))
+
     inst.read = read
     inst.alloc_write = alloc_write
+    inst.write_at = write_at
 
 
 class LazyExports(Mapping[str, Any]):

@@ -222,6 +222,10 @@ DEFAULT_LOAD_TIMEOUT = 5.0
 """Seconds the module's top-level code may compute during `check()`."""
 
 _MIN_MEMORY_LIMIT = 4 * 1024 * 1024
+#: The reply buffer of a run's host calls starts at this size (bytes) and grows to fit,
+#: up to `_REPLY_BUFFER_MAX`; a larger reply is allocated for itself.
+_REPLY_BUFFER = 1024
+_REPLY_BUFFER_MAX = 1024 * 1024
 _FOREVER = 10.0 * 365 * 24 * 3600
 
 
@@ -325,6 +329,8 @@ class _Run(HostBridge):
         #: `JsWorkflowRunner._module_image`); `module_loaded` once that happened.
         self.module_image: HeapImage | None = None
         self.module_loaded = False
+        #: Whether `__obelisk_init` ran (with a module image: as part of the invoke).
+        self.initialized = False
         #: Host calls made so far (a module image needs a load that made none).
         self.dispatched = 0
         self._ops = self._host_operations()
@@ -358,12 +364,17 @@ class _Run(HostBridge):
         else:
             self.ctx.register("__obelisk_host", self._dispatch, is_async=False)
             self.ctx.eval(PRELUDE_SOURCE, filename="<obelisk:prelude>")
-        if init:
-            init_js = (
-                f"__obelisk_init({json.dumps(self.execution_id)}, "
-                f"{json.dumps(prelude_seed(self.execution_id))})"
-            )
-            self.ctx.eval(init_js, filename="<obelisk:init>")
+        if init and not self.module_loaded:
+            # The module's top-level code runs after `__obelisk_init`; restored with the
+            # module loaded, the init goes with the invoke instead (one eval less).
+            self.ctx.eval(self._init_js(), filename="<obelisk:init>")
+            self.initialized = True
+
+    def _init_js(self) -> str:
+        return (
+            f"__obelisk_init({json.dumps(self.execution_id)}, "
+            f"{json.dumps(prelude_seed(self.execution_id))});"
+        )
 
     def _fast_host_call(self, inst: Any) -> bool:
         """Route the prelude's `__obelisk_host(request)` straight to `_dispatch`.
@@ -376,13 +387,34 @@ class _Run(HostBridge):
         if not callable(generic) or not hasattr(inst, "_get_string"):
             return False
 
+        write_at = getattr(inst, "write_at", None)
+        # Replies go through one buffer allocated once per run (a new string is a copy):
+        # two guest calls less per host call than allocating and freeing each time.
+        reply_buffer = [0, 0]  # guest pointer, capacity
+
+        def new_string(reply: str) -> int:
+            data = reply.encode()
+            n = len(data)
+            if write_at is None or n > _REPLY_BUFFER_MAX:
+                return int(inst._new_string(reply))
+            if n > reply_buffer[1]:
+                if reply_buffer[0]:
+                    inst.c("qjs_free", reply_buffer[0], reply_buffer[1])
+                    reply_buffer[0] = reply_buffer[1] = 0
+                capacity = max(_REPLY_BUFFER, 1 << (n - 1).bit_length())
+                ptr = inst.c("qjs_alloc", capacity)
+                if ptr == 0:
+                    return int(inst._new_string(reply))
+                reply_buffer[0], reply_buffer[1] = ptr, capacity
+            write_at(reply_buffer[0], data)
+            return int(inst.c("new_string", reply_buffer[0], n))
+
         def host_call(name_ptr: int, name_len: int, this: int, argc: int, argv_ptr: int) -> int:
             if argc != 1 or name_len != len(name) or inst.read(name_ptr, name_len) != name:
                 return int(generic(name_ptr, name_len, this, argc, argv_ptr))
             try:
                 handle = int.from_bytes(inst.read(argv_ptr, 4), "little", signed=True)
-                reply = self._dispatch(inst._get_string(handle))
-                return int(inst._new_string(reply))
+                return new_string(self._dispatch(inst._get_string(handle)))
             except Exception:
                 return -1  # quickjs-rs's HOST_CALL_ERROR: the guest throws a HostError
 
@@ -445,6 +477,9 @@ class _Run(HostBridge):
             f"await __obelisk_invoke(__obelisk_module, {json.dumps(export)}, "
             f"{json.dumps(params_js)})"
         )
+        if not self.initialized:
+            code = self._init_js() + code
+            self.initialized = True
         self.guest_since = time.monotonic()
         result = await self.ctx.eval_async(code, filename="<obelisk:invoke>")
         if not isinstance(result, str):

@@ -1,0 +1,117 @@
+"""Where a workflow step's CPU goes: per-thread CPU of the (a)/(b) workloads on one engine.
+
+    .venv/bin/python -m bench.step_profile [--scenario many|serial] [--rounds 5]
+        [--workflows 100] [--per-workflow 10] [--steps 1000] [--json]
+
+Starts an embedded engine on the `bench.workflow_throughput` deployment (fresh SQLite
+data dir, WAL + synchronous=FULL), warms it up with 20 workflows, then runs the scenario
+`--rounds` times, reading every thread's user+sys CPU from `/proc/self/task/*/stat`
+before and after (threads named through `threading.enumerate()`, grouped by name up to
+the first digit). Reported: CPU per step of each group and of the whole process, steps/s.
+For stacks, run it under `py-spy record --threads --idle -o profile.svg -- python -m …`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.workflow_throughput import SERIAL, _ok, write_deployment
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu() -> dict[int, float]:
+    """CPU seconds (user+sys) of each thread of this process, by native id."""
+    out: dict[int, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def group_of(name: str) -> str:
+    return re.split(r"[-_ ]?\d", name, maxsplit=1)[0] or name
+
+
+def by_group(before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
+    groups: dict[str, float] = {}
+    for tid, cpu in after.items():
+        group = group_of(names.get(tid, "(other)"))
+        groups[group] = groups.get(group, 0.0) + cpu - before.get(tid, 0.0)
+    return groups
+
+
+async def profile(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
+    from engine.engine import Engine
+
+    deployment = write_deployment(data_dir)
+    engine = await Engine.start(deployment, data_dir / "data", cpu_affinity=args.cpu_affinity)
+    try:
+        warm = await asyncio.gather(*(engine.submit(SERIAL, [3]) for _ in range(20)))
+        for eid in warm:
+            _ok(await engine.result(eid, 60), 3)
+        rounds = []
+        for _ in range(args.rounds):
+            if args.scenario == "many":
+                n, per = args.workflows, args.per_workflow
+            else:
+                n, per = 1, args.steps
+            cpu0, p0, t0 = thread_cpu(), time.process_time(), time.perf_counter()
+            ids = await asyncio.gather(*(engine.submit(SERIAL, [per]) for _ in range(n)))
+            for eid in ids:
+                _ok(await engine.result(eid, 3600), per)
+            elapsed = time.perf_counter() - t0
+            groups = by_group(cpu0, thread_cpu())
+            steps = n * per
+            rounds.append(
+                {
+                    "steps_per_s": round(steps / elapsed),
+                    "cpu_ms_per_step": round((time.process_time() - p0) / steps * 1000, 3),
+                    "threads_ms_per_step": {
+                        g: round(c / steps * 1000, 3)
+                        for g, c in sorted(groups.items(), key=lambda kv: -kv[1])
+                        if c > 0
+                    },
+                }
+            )
+        return {"scenario": args.scenario, "rounds": rounds}
+    finally:
+        await engine.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scenario", choices=["many", "serial"], default="many")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--workflows", type=int, default=100)
+    p.add_argument("--per-workflow", type=int, default=10)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--cpu-affinity", choices=["off", "split"], default="split")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="obelisk-stepprof-") as tmp:
+        result = asyncio.run(profile(args, Path(tmp)))
+    if args.json:
+        print(json.dumps(result))
+        return
+    for r in result["rounds"]:
+        threads = ", ".join(f"{g} {c:.3f}" for g, c in r["threads_ms_per_step"].items())
+        print(f"{r['steps_per_s']:>5} steps/s  {r['cpu_ms_per_step']:.3f} ms/step  ({threads})")
+
+
+if __name__ == "__main__":
+    main()
