@@ -117,21 +117,28 @@ def prepare_work_dir(work: Path) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-async def until(
-    pilot: Any, predicate: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 60
-) -> None:
-    """Until the screen shows something (Textual has no event for "this text is on the
-    screen": polled once per frame-ish)."""
+async def within(
+    pilot: Any, predicate: Callable[[], bool | Awaitable[bool]], timeout: float
+) -> bool:
+    """Whether the screen comes to show something within `timeout` seconds (Textual has
+    no event for "this is on the screen": checked every 50 ms)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if not isinstance(value, bool):
             value = await value
         if value:
-            return
+            return True
         if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}; the screen:\n{screen_text(pilot.app)}")
+            return False
         await pilot.pause(0.05)
+
+
+async def until(
+    pilot: Any, predicate: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 60
+) -> None:
+    if not await within(pilot, predicate, timeout):
+        raise SystemExit(f"timed out waiting for {what}; the screen:\n{screen_text(pilot.app)}")
 
 
 async def until_engine(
@@ -190,7 +197,7 @@ class Traffic:
         ("myapp:demo/greeter.greet", lambda n, r: [Traffic.NAMES[(n + 2) % 4]]),
         ("myapp:demo/workflow.sleepy", lambda n, r: [1, 4]),
         ("myapp:demo/greeter.flaky", lambda n, r: [30]),  # now and then a retry
-        ("myapp:demo/workflow.parallel", lambda n, r: []),
+        ("myapp:demo/activity.step", lambda n, r: [r.randint(0, 99), 800]),
     ]
     ORDER_SLOT, LONG_STEP_SLOT, STEER_SLOT = 2, 6, 8
 
@@ -199,7 +206,7 @@ class Traffic:
         """The welcome's address: every other one is not one (its email fails)."""
         return "not-an-address" if n % 2 else f"{Traffic.NAMES[n % 4].lower()}@example.com"
 
-    ORDER_FATES = ("approve", "cancel", "pause", "wait")
+    ORDER_FATES = ("approve", "pause", "cancel", "wait")
 
     def __init__(self, engine: Any, seed: int = 7) -> None:
         self.engine = engine
@@ -311,9 +318,13 @@ async def run_workload(engine: Any) -> dict[str, str]:
 
 
 class Shooter:
-    def __init__(self, app: Any, pilot: Any, out: Path, wanted: set[str]) -> None:
+    def __init__(
+        self, app: Any, pilot: Any, out: Path, wanted: set[str], mix_seconds: float
+    ) -> None:
         self.app, self.pilot, self.out, self.wanted = app, pilot, out, wanted
+        self.mix_seconds = mix_seconds
         self.svgs: list[Path] = []
+        self.started = time.monotonic()
 
     async def shoot(self, name: str, *, toasts: bool = False) -> None:
         app, pilot = self.app, self.pilot
@@ -329,10 +340,10 @@ class Shooter:
             )
         svg = Path(app.save_screenshot(f"{name}.svg", str(self.out)))
         self.svgs.append(svg)
-        print(f"  {name}", flush=True)
+        print(f"  {name}  ({time.monotonic() - self.started:.0f} s)", flush=True)
 
 
-async def make(out: Path, wanted: set[str], traffic_seconds: int) -> list[Path]:
+async def make(out: Path, wanted: set[str], traffic_seconds: int, mix_seconds: float) -> list[Path]:
     from obelisk_tui.app import ObeliskApp
     from obelisk_tui.backend import EmbeddedBackend
     from obelisk_tui.screens.executions import ExecutionsScreen
@@ -351,7 +362,7 @@ async def make(out: Path, wanted: set[str], traffic_seconds: int) -> list[Path]:
         # The workload's burst of finished executions is out of the sparkline's minute
         # once this many samples more are taken.
         full_sparkline = app.throughput.samples + traffic_seconds + 1
-        shots = Shooter(app, pilot, out, wanted)
+        shots = Shooter(app, pilot, out, wanted, mix_seconds)
         if "help" in wanted:
             await help_picture(shots)
         await detail_pictures(shots, ids)
@@ -389,8 +400,15 @@ async def help_picture(shots: Shooter) -> None:
     await pilot.press("escape")
 
 
+#: The states the list's picture shows at once (labels' beginnings), if the traffic
+#: brings them within `--mix-seconds`; else it is shot with what it has.
+MIX = ("pending", "locked", "blocked", "paused", "finished ok", "finished err", "failed")
+
+
 async def executions_picture(shots: Shooter) -> None:
-    """The live list, the cursor on the newest workflow that waits."""
+    """The live list, at a moment that shows every state of `MIX`, the cursor on a
+    workflow that waits (an order for its approval, if one is in sight)."""
+    from obelisk_tui import model
     from obelisk_tui.screens.executions import ExecutionsScreen
     from obelisk_tui.widgets.execution_list import ExecutionList
 
@@ -398,20 +416,34 @@ async def executions_picture(shots: Shooter) -> None:
     await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), "the home screen")
     lst = app.screen.query_one(ExecutionList)
 
-    def a_waiting_workflow() -> int | None:
+    def in_sight() -> list[tuple[int, Any]]:
         top = int(lst.scroll_y)
-        for index in range(top + 2, top + lst.size.height // 2):
-            info = lst.row(index)
-            if (
-                info is not None
-                and "/workflow." in info["ffqn"]
-                and "." not in info["execution_id"]  # top-level
-                and info["state"]["type"] in ("blocked_by_join_set", "locked")
-            ):
-                return index
-        return None
+        rows = ((i, lst.row(i)) for i in range(top, top + lst.size.height - 1))
+        return [(i, info) for i, info in rows if info is not None]
 
-    await until(pilot, lambda: a_waiting_workflow() is not None, "a workflow in the list")
+    def mixed() -> bool:
+        labels = {model.state_label(info)[0] for _, info in in_sight()}
+        return all(any(label.startswith(m) for label in labels) for m in MIX)
+
+    def a_waiting_workflow() -> int | None:
+        waiting = [
+            (":demo/workflow.order" not in info["ffqn"], i)
+            for i, info in in_sight()[2:-3]  # not at an edge
+            if "/workflow." in info["ffqn"]
+            and "." not in info["execution_id"]  # top-level
+            and model.state_label(info)[0] in ("blocked", "locked")
+        ]
+        return min(waiting)[1] if waiting else None
+
+    t0 = time.monotonic()
+    found = await within(
+        pilot, lambda: mixed() and a_waiting_workflow() is not None, shots.mix_seconds
+    )
+    if found:
+        print(f"  (the mix came after {time.monotonic() - t0:.1f} s)", flush=True)
+    else:
+        print(f"  (not every state of {MIX} in sight: the list as it is)", flush=True)
+        await until(pilot, lambda: a_waiting_workflow() is not None, "a workflow in the list")
     index = a_waiting_workflow()
     assert index is not None
     lst.move_cursor(index)  # as the keys do: the cursor stays on it
@@ -672,6 +704,12 @@ def main(argv: list[str] | None = None) -> int:
         help="how long the traffic runs before the list is shot (60: a full sparkline)",
     )
     p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a check that every scene comes: a short traffic (the sparkline is not full), "
+        "no wait for a moment when the list shows every state",
+    )
+    p.add_argument(
         "--work",
         type=Path,
         default=DEFAULT_WORK,
@@ -699,7 +737,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(filename=str(logfile), filemode="w", level=logging.INFO)
     code = 0
     try:
-        svgs = asyncio.run(make(out, args.only, args.traffic_seconds))
+        quick = args.quick
+        svgs = asyncio.run(
+            make(out, args.only, 2 if quick else args.traffic_seconds, 0 if quick else 20)
+        )
         if not args.svg_only:
             font = font_file()
             for svg in svgs:

@@ -1,8 +1,8 @@
 """`screenshots/make.py` makes every picture of the README from the app as it is.
 
 The script runs as a subprocess (it starts the console headless on a copy of the demo),
-into a temporary directory, so the committed PNGs are never rewritten; with a short
-traffic (`--traffic-seconds 2`: the sparkline is not full, the scenes are the same).
+into a temporary directory, so the committed PNGs are never rewritten; `--quick`: a
+short traffic (the sparkline is not full), the list shot as it comes; the same scenes.
 Each picture must come as a PNG of the right size and as an SVG whose screen text shows
 what that picture is for.
 """
@@ -101,17 +101,7 @@ def test_make_makes_every_picture(tmp_path: Path) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     started = time.monotonic()
     run = subprocess.run(
-        [
-            sys.executable,
-            str(MAKE),
-            "--out",
-            str(out),
-            "--work",
-            str(work),
-            "--keep",
-            "--traffic-seconds",
-            "2",
-        ],
+        [sys.executable, str(MAKE), "--quick", "--keep", "--out", str(out), "--work", str(work)],
         capture_output=True,
         text=True,
         timeout=300,
