@@ -213,6 +213,7 @@ class Traffic:
         self.random = random.Random(seed)
         self.orders: list[str] = []
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="traffic")
@@ -232,7 +233,12 @@ class Traffic:
                     await self._try(self.engine.cancel(long_step))
                 elif slot == self.STEER_SLOT and order is not None:
                     await self._steer(order, self.ORDER_FATES[n % len(self.ORDER_FATES)])
-                await asyncio.sleep(self.PERIOD)  # the pace of the traffic
+                # The pace of the traffic; a stop comes between two submissions (one
+                # cancelled midway could be made and never answered).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self.PERIOD)
+                if self._stopping.is_set():
+                    return
             n += 1
 
     async def _steer(self, order: str, fate: str) -> None:
@@ -246,10 +252,9 @@ class Traffic:
     async def stop(self) -> None:
         """Stop submitting, and answer the orders left waiting (they would be part of the
         reload's upgrades): unpaused, approved, and run to their end."""
+        self._stopping.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
         for order in self.orders:
             state = await state_of(self.engine, order)
             if state == "finished":
@@ -326,19 +331,21 @@ class Shooter:
         self.svgs: list[Path] = []
         self.started = time.monotonic()
 
+    def footer_ready(self) -> bool:
+        """The footer is recomposed on every binding refresh (a live refresh, a cursor
+        move): whether this frame has its keys."""
+        footers = self.app.screen.query("Footer")
+        return not footers or bool(footers.first().query("FooterKey"))
+
     async def shoot(self, name: str, *, toasts: bool = False) -> None:
-        app, pilot = self.app, self.pilot
         if not toasts:
-            app.clear_notifications()
-        await pilot.pause(0.4)
-        # The footer is recomposed on every binding refresh (a live refresh, a cursor
-        # move): wait for a frame that has its keys.
-        footers = app.screen.query("Footer")
-        if footers:
-            await until(
-                pilot, lambda: bool(footers.first().query("FooterKey")), "the footer's keys"
-            )
-        svg = Path(app.save_screenshot(f"{name}.svg", str(self.out)))
+            self.app.clear_notifications()
+        await self.pilot.pause(0.4)
+        await until(self.pilot, self.footer_ready, "the footer's keys")
+        self.save(name)
+
+    def save(self, name: str) -> None:
+        svg = Path(self.app.save_screenshot(f"{name}.svg", str(self.out)))
         self.svgs.append(svg)
         print(f"  {name}  ({time.monotonic() - self.started:.0f} s)", flush=True)
 
@@ -400,14 +407,14 @@ async def help_picture(shots: Shooter) -> None:
     await pilot.press("escape")
 
 
-#: The states the list's picture shows at once (labels' beginnings), if the traffic
-#: brings them within `--mix-seconds`; else it is shot with what it has.
+#: The states the list's picture shows at once (the STATE column's beginnings), if the
+#: traffic brings them within 20 s (none with `--quick`); else it is shot as it comes.
 MIX = ("pending", "locked", "blocked", "paused", "finished ok", "finished err", "failed")
 
 
 async def executions_picture(shots: Shooter) -> None:
-    """The live list, at a moment that shows every state of `MIX`, the cursor on a
-    workflow that waits (an order for its approval, if one is in sight)."""
+    """The live list, the cursor on a workflow that waits (an order for its approval, if
+    one is in sight), at a moment that shows every state of `MIX`."""
     from obelisk_tui import model
     from obelisk_tui.screens.executions import ExecutionsScreen
     from obelisk_tui.widgets.execution_list import ExecutionList
@@ -416,39 +423,56 @@ async def executions_picture(shots: Shooter) -> None:
     await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), "the home screen")
     lst = app.screen.query_one(ExecutionList)
 
-    def in_sight() -> list[tuple[int, Any]]:
-        top = int(lst.scroll_y)
-        rows = ((i, lst.row(i)) for i in range(top, top + lst.size.height - 1))
-        return [(i, info) for i, info in rows if info is not None]
-
-    def mixed() -> bool:
-        labels = {model.state_label(info)[0] for _, info in in_sight()}
-        return all(any(label.startswith(m) for label in labels) for m in MIX)
+    def waits(info: Any) -> bool:
+        return model.state_label(info)[0] in ("blocked", "locked")
 
     def a_waiting_workflow() -> int | None:
+        top = int(lst.scroll_y)
         waiting = [
             (":demo/workflow.order" not in info["ffqn"], i)
-            for i, info in in_sight()[2:-3]  # not at an edge
-            if "/workflow." in info["ffqn"]
+            for i in range(top + 2, top + lst.size.height - 4)  # not at an edge
+            if (info := lst.row(i)) is not None
+            and "/workflow." in info["ffqn"]
             and "." not in info["execution_id"]  # top-level
-            and model.state_label(info)[0] in ("blocked", "locked")
+            and waits(info)
         ]
         return min(waiting)[1] if waiting else None
 
+    def states_shown() -> set[str]:
+        """The STATE column as the screen shows it now (what the SVG gets)."""
+        lines = screen_text(app).splitlines()
+        head = next(i for i, line in enumerate(lines) if " STATE " in line)
+        start = lines[head].index(" STATE ")
+        end = lines[head].index(" WHEN ") if " WHEN " in lines[head] else start + 20
+        return {line[start:end].strip() for line in lines[head + 1 : -1]}
+
+    def ready() -> bool:
+        shown = states_shown()
+        selected = lst.selected
+        return (
+            all(any(state.startswith(m) for state in shown) for m in MIX)
+            and selected is not None
+            and waits(selected)
+            and shots.footer_ready()
+        )
+
+    # A moment when all is in sight, within the time given; else the list as it comes.
     t0 = time.monotonic()
-    found = await within(
-        pilot, lambda: mixed() and a_waiting_workflow() is not None, shots.mix_seconds
-    )
-    if found:
-        print(f"  (the mix came after {time.monotonic() - t0:.1f} s)", flush=True)
-    else:
-        print(f"  (not every state of {MIX} in sight: the list as it is)", flush=True)
+    deadline = t0 + shots.mix_seconds
+    while True:
         await until(pilot, lambda: a_waiting_workflow() is not None, "a workflow in the list")
-    index = a_waiting_workflow()
-    assert index is not None
-    lst.move_cursor(index)  # as the keys do: the cursor stays on it
-    await until(pilot, lambda: "follows" not in screen_text(app), "the cursor to stay")
-    await shots.shoot("executions")
+        index = a_waiting_workflow()
+        assert index is not None
+        lst.move_cursor(index)  # as the keys do: the cursor stays on it
+        await until(pilot, lambda: "follows" not in screen_text(app), "the cursor to stay")
+        left = deadline - time.monotonic()
+        if await within(pilot, ready, min(3.0, max(0.0, left))):
+            print(f"  (every state in sight after {time.monotonic() - t0:.1f} s)", flush=True)
+            break
+        if left <= 0:
+            print(f"  (not every state of {MIX} in sight: the list as it is)", flush=True)
+            break
+    shots.save("executions")
 
 
 async def detail_pictures(shots: Shooter, ids: dict[str, str]) -> None:
