@@ -10,7 +10,8 @@ SQLite file. Everything shown is the app's own output on a real engine:
   turn; a flaky activity that always fails; a long step cancelled while it runs), which
   runs from the start, so that the list is live and the header's throughput sparkline
   (the engine's finished count over wall-clock time, one bar a second for 60 s) is full
-  when the list is shot, `--traffic-seconds` (60) after the workload's burst;
+  when the list is shot, `--traffic-seconds` (60) after the workload's burst, at the
+  first moment (within 20 s) that its STATE column shows every state of `MIX`;
 * a fixed workload (`WORKLOAD`) for the detail pictures, with the ids the engine gives;
 * a hot reload (last): the copy's `order.js` is changed so that it no longer replays
   the orders that wait (their upgrade fails, they stay on the old version), `sleepy.js`
@@ -23,7 +24,9 @@ gives other ids, times and numbers, and the same scenes.
 
 Pictures (`--only` takes any of them, comma-separated): executions, help, detail-state,
 detail-events, detail-result, detail-logs, detail-children, components, submit,
-reload-failed. `--keep` keeps the SVGs beside the PNGs, `--svg-only` makes only SVGs.
+reload-failed. `--keep` keeps the SVGs beside the PNGs, `--svg-only` makes only SVGs,
+`--quick` (the test's: tests/console/test_screenshots_script.py) runs a 2 s traffic and
+shoots the list as it comes.
 """
 
 from __future__ import annotations
