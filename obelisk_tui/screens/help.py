@@ -17,6 +17,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Label, Static
 
+from obelisk_tui import cmdline
 from obelisk_tui.widgets.key_footer import KeyFooter
 from obelisk_tui.widgets.key_scroll import KeyScroll
 
@@ -39,6 +40,7 @@ EXECUTIONS: Rows = [
     ("m  M", "mark the selected execution and move down / unmark all"),
     ("p u c", "pause / unpause / cancel (asks first): the marked executions, or the selected one"),
     ("S", "stub the selected activity_stub execution (write its return value)"),
+    (":", "the command line (below)"),
 ]
 
 DETAIL: Rows = [
@@ -53,6 +55,7 @@ DETAIL: Rows = [
     ("R", "re-submit: same function and params, a new id (asks first); a failed one's retry"),
     ("S", "stub this execution, if it is an unfinished activity_stub"),
     ("X", "force-cancel this workflow that is not -cancellable (asks first, says so)"),
+    (":", "the command line (below)"),
     ("esc backspace", "back"),
 ]
 
@@ -86,6 +89,21 @@ FILTER = "\n".join(
 )
 
 
+#: The command line's commands, from its one table (`cmdline.COMMANDS`).
+COMMAND_LINE: Rows = [
+    (f":{c.name} {c.usage}".rstrip(), f"{c.help} ({c.key})" if c.key else c.help)
+    for c in cmdline.COMMANDS
+] + [("tab  ↑ ↓  esc", "complete (commands, ids shown); history; close")]
+
+COMMAND_IDS = (
+    "An ID is the whole id, its start (E_01…; a start within a workflow's id names the "
+    "workflow), or, among the executions shown, its end (approve_1) or its short form as "
+    "the list shows it (E_01M9…XYNVK.o:1-approve_1). No ID: what the key acts on (the "
+    "marked or selected executions; on an execution's screen, that one). A wrong line "
+    "says what is wrong and stays open."
+)
+
+
 def sections(screen: Screen[object]) -> list[tuple[str, Rows | str]]:
     """The guide for `screen` (by its kind), then what works everywhere."""
     from obelisk_tui.screens.components import ComponentsScreen
@@ -95,8 +113,10 @@ def sections(screen: Screen[object]) -> list[tuple[str, Rows | str]]:
     out: list[tuple[str, Rows | str]] = []
     if isinstance(screen, ExecutionsScreen):
         out += [("Executions", MOVING + EXECUTIONS), ("Filter", FILTER)]
+        out += [("Command line (:)", COMMAND_LINE), ("", COMMAND_IDS)]
     elif isinstance(screen, ExecutionDetailScreen):
         out += [("Execution", MOVING + DETAIL)]
+        out += [("Command line (:)", COMMAND_LINE), ("", COMMAND_IDS)]
     elif isinstance(screen, ComponentsScreen):
         out += [("Components", COMPONENTS)]
     return [*out, ("Everywhere", EVERYWHERE)]
@@ -105,7 +125,10 @@ def sections(screen: Screen[object]) -> list[tuple[str, Rows | str]]:
 def render_sections(parts: list[tuple[str, Rows | str]]) -> RenderableType:
     blocks: list[RenderableType] = []
     for title, body in parts:
-        blocks.append(Text(title, style="bold"))
+        if title:  # an untitled part goes on from the one before
+            blocks.append(Text(title, style="bold"))
+        elif blocks:
+            blocks.pop()  # the blank line after the part before
         if isinstance(body, str):
             blocks.append(Text(body))
         else:
