@@ -820,8 +820,8 @@ def test_the_help_names_every_key_of_each_screen() -> None:
     from obelisk_tui.app import ObeliskApp
     from obelisk_tui.screens import help as guide
     from obelisk_tui.screens.run_command import CommandLineHost
-    from obelisk_tui.widgets.command_line import CommandLine
     from obelisk_tui.widgets.children_tree import ChildrenTree
+    from obelisk_tui.widgets.command_line import CommandLine
     from obelisk_tui.widgets.key_scroll import KeyScroll
     from obelisk_tui.widgets.row_list import RowList
 
