@@ -30,10 +30,10 @@ from textual.worker import WorkerFailed
 from engine.client import ApiError, ServerUnreachable
 from engine.gc_tuning import tune_gc
 from engine.views import upgrades_unchecked
-from obelisk_tui import cmdline, model
+from obelisk_tui import cmdline, model, palette
 from obelisk_tui.backend import ConsoleBackend
 from obelisk_tui.commands import ExecutionCommands, ScreenCommands
-from obelisk_tui.messages import DataChanged, DeploymentReloaded, Tick
+from obelisk_tui.messages import DataChanged, DeploymentReloaded, Restyled, Tick
 from obelisk_tui.screens.components import reload_summary
 
 #: At most this many refreshes per second, however fast executions flow.
@@ -166,15 +166,16 @@ class ObeliskApp(App[None]):
             await self.backend.close()
 
     def _theme_changed(self, _: object = None) -> None:
-        """State colours come from the theme, readable on its background."""
-        from obelisk_tui import model
+        """State colours and the others (`palette`) come from the theme, readable on its
+        background."""
 
-        model.STATE_COLOURS.update(
-            model.state_colours(self.current_theme.to_color_system().generate())
-        )
+        variables = self.current_theme.to_color_system().generate()
+        model.STATE_COLOURS.update(model.state_colours(variables))
+        palette.COLOURS.update(palette.theme_colours(variables))
         if self.backend is not None:
             for screen in self.screen_stack:
                 screen.post_message(DataChanged())
+                screen.post_message(Restyled())  # what is drawn once (dialogs)
                 screen.refresh(repaint=True)
 
     # -- a bug in a screen is not the end of the engine ---------------------------------

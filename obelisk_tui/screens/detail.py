@@ -19,7 +19,7 @@ from engine.views import (
     ExecutionInfo,
     ResponseEntry,
 )
-from obelisk_tui import model, timeline
+from obelisk_tui import model, palette, timeline
 from obelisk_tui.messages import DataChanged, DelayKey, Tick
 from obelisk_tui.screens import actions
 from obelisk_tui.screens.base import HEADER_ICON
@@ -42,7 +42,7 @@ def render_result(info: ExecutionInfo) -> RenderableType:
     result = info.get("result")
     if result is None:
         label, colour = model.state_label(info)
-        return Text.assemble(("not finished yet: ", "dim"), (label, colour))
+        return Text.assemble(("not finished yet: ", palette.COLOURS["muted"]), (label, colour))
     kind = model.result_kind(result)
     if kind in ("ok", "err"):
         colour = model.STATE_COLOURS["finished" if kind == "ok" else "err"]
@@ -203,7 +203,9 @@ class ExecutionDetailScreen(CommandLineHost):
             if not self.is_live:
                 return
             if e.status == 404:
-                self.query_one("#detail-title", Static).update(Text(f" {e.message}", "bold red"))
+                self.query_one("#detail-title", Static).update(
+                    Text(f" {e.message}", "bold " + palette.COLOURS["error"])
+                )
                 return
             self.obelisk.report_error(e)
             return
@@ -242,7 +244,7 @@ class ExecutionDetailScreen(CommandLineHost):
         title.append(f" {took} ", "bold")
         title.append(f" {eid}", "bold")
         title.append(f"  {ffqn}")
-        title.append(parent, "dim")
+        title.append(parent, palette.COLOURS["muted"])
         widget.update(title)
 
     def on_resize(self) -> None:

@@ -17,7 +17,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Label, Static
 
-from obelisk_tui import cmdline
+from obelisk_tui import cmdline, palette
+from obelisk_tui.messages import Restyled
 from obelisk_tui.widgets.key_footer import KeyFooter
 from obelisk_tui.widgets.key_scroll import KeyScroll
 
@@ -133,7 +134,7 @@ def render_sections(parts: list[tuple[str, Rows | str]]) -> RenderableType:
             blocks.append(Text(body))
         else:
             table = Table.grid(padding=(0, 2))
-            table.add_column(style="bold #f0c674", no_wrap=True)
+            table.add_column(style="bold " + palette.COLOURS["mark"], no_wrap=True)
             table.add_column()
             for keys, what in body:
                 table.add_row(keys, what)
@@ -158,3 +159,6 @@ class HelpScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         self.query_one(KeyScroll).focus()
+
+    def on_restyled(self, _: Restyled) -> None:
+        self.query_one("#help-text", Static).update(render_sections(self.parts))
