@@ -137,7 +137,7 @@ def render_sections(parts: list[tuple[str, Rows | str]]) -> RenderableType:
             table.add_column(style="bold " + palette.COLOURS["mark"], no_wrap=True)
             table.add_column()
             for keys, what in body:
-                table.add_row(keys, what)
+                table.add_row(Text(keys), Text(what))  # not markup: `[newest|oldest]`
             blocks.append(table)
         blocks.append(Text(""))
     return Group(*blocks)
