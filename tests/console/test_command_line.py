@@ -312,3 +312,36 @@ async def test_a_stub_is_refused_where_the_key_is(console_engine: Engine) -> Non
         await select(app, pilot, eid)
         await command(app, pilot, f"stub {eid}")
         await until(pilot, lambda: any("not a stub activity" in n for n in notices(app)))
+
+
+async def test_forced_cancel_and_stub_from_the_line(console_engine: Engine) -> None:
+    from datetime import timedelta
+
+    from obelisk_tui.screens.stub import StubScreen
+    from tests.console.conftest import FANOUT
+
+    engine = console_engine
+    # Not -cancellable, and pending for a day: only a forced cancel ends it.
+    fanout = await engine.submit(FANOUT, [1], scheduled_at=engine.clock.now() + timedelta(days=1))
+    order = await engine.submit(ORDER, ["o-1"])
+    async with open_console(engine) as (app, pilot):
+        await until(pilot, lambda: fanout in listed(app), what="listed")
+        await command(app, pilot, f"cancel --force {order}")  # cancellable: refused, as `X` is
+        await until(pilot, lambda: any("without force" in n for n in notices(app)), what="why")
+        assert not isinstance(app.screen, ConfirmScreen)
+
+        await command(app, pilot, f"cancel! {fanout}")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "is not cancellable. End it by force?" in app.screen.question  # `X`'s question
+        await pilot.press("y")
+        assert await engine.result(fanout, timeout=10) == ev.ExecutionFailure(
+            "cancelled", "cancellation requested"
+        )
+
+        approval = f"{order}.o:1-approve_1"
+        await until(pilot, lambda: approval in listed(app), what="the approval")
+        await command(app, pilot, "stub approve_1")
+        await until(pilot, lambda: isinstance(app.screen, StubScreen), what="the stub dialog")
+        assert app.screen.info["execution_id"] == approval  # type: ignore[attr-defined]
+        await pilot.press("escape")
