@@ -130,6 +130,9 @@ async def test_columns_stay_when_the_list_grows_a_scrollbar(console_engine: Engi
         margin = app.size.width - lst.size.width
         await pilot.resize_terminal(100 + margin, 20)  # WHEN fits in 100, not in 99
         await until(pilot, lambda: listed(app) == [first], what="one row")
+        # Laid out at the new width before its header is read (not the old one's).
+        await until(pilot, lambda: lst.size.width == 100, what="the new width")
+        await pilot.pause()
         header = next(line for line in screen_text(app).splitlines() if "EXECUTION" in line)
         for i in range(30):
             await engine.submit(APPROVE, [str(i)])
