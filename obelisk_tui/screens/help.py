@@ -106,7 +106,8 @@ COMMAND_IDS = (
 
 
 def sections(screen: Screen[object]) -> list[tuple[str, Rows | str]]:
-    """The guide for `screen` (by its kind), then what works everywhere."""
+    """The guide for `screen` (by its kind), then what works everywhere, then its command
+    line's commands (a reference: the keys come first)."""
     from obelisk_tui.screens.components import ComponentsScreen
     from obelisk_tui.screens.detail import ExecutionDetailScreen
     from obelisk_tui.screens.executions import ExecutionsScreen
@@ -114,13 +115,14 @@ def sections(screen: Screen[object]) -> list[tuple[str, Rows | str]]:
     out: list[tuple[str, Rows | str]] = []
     if isinstance(screen, ExecutionsScreen):
         out += [("Executions", MOVING + EXECUTIONS), ("Filter", FILTER)]
-        out += [("Command line (:)", COMMAND_LINE), ("", COMMAND_IDS)]
     elif isinstance(screen, ExecutionDetailScreen):
         out += [("Execution", MOVING + DETAIL)]
-        out += [("Command line (:)", COMMAND_LINE), ("", COMMAND_IDS)]
     elif isinstance(screen, ComponentsScreen):
         out += [("Components", COMPONENTS)]
-    return [*out, ("Everywhere", EVERYWHERE)]
+    out.append(("Everywhere", EVERYWHERE))
+    if isinstance(screen, ExecutionsScreen | ExecutionDetailScreen):
+        out += [("Command line (:)", COMMAND_LINE), ("", COMMAND_IDS)]
+    return out
 
 
 def render_sections(parts: list[tuple[str, Rows | str]]) -> RenderableType:

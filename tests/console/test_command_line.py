@@ -296,9 +296,9 @@ async def test_submit_help_and_quit(console_engine: Engine) -> None:
 
         await command(app, pilot, "help")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
-        assert ":pause [ID …]" in screen_text(app)
-        await pilot.press("end")  # further down; written as typed (not taken for markup)
+        await pilot.press("end")  # after the keys; written as typed (not taken for markup)
         await until(pilot, lambda: ":order [newest|oldest|changed]" in screen_text(app))
+        assert ":submit [FFQN [PARAMS]]" in screen_text(app)
         await pilot.press("escape")
         await command(app, pilot, "q")
         await until(pilot, lambda: not app.is_running, what="quit")
