@@ -30,10 +30,10 @@ from textual.worker import WorkerFailed
 from engine.client import ApiError, ServerUnreachable
 from engine.gc_tuning import tune_gc
 from engine.views import upgrades_unchecked
-from obelisk_tui import model
+from obelisk_tui import cmdline, model, palette
 from obelisk_tui.backend import ConsoleBackend
 from obelisk_tui.commands import ExecutionCommands, ScreenCommands
-from obelisk_tui.messages import DataChanged, DeploymentReloaded, Tick
+from obelisk_tui.messages import DataChanged, DeploymentReloaded, Restyled, Tick
 from obelisk_tui.screens.components import reload_summary
 
 #: At most this many refreshes per second, however fast executions flow.
@@ -123,6 +123,8 @@ class ObeliskApp(App[None]):
         #: true whatever screen is shown, frozen or not.
         self.throughput = model.Throughput()
         self._sampling = False
+        #: The `:` command line's history, one for every screen's line.
+        self.command_history = cmdline.History()
 
     # -- start and stop ------------------------------------------------------------------
     async def on_mount(self) -> None:
@@ -164,15 +166,16 @@ class ObeliskApp(App[None]):
             await self.backend.close()
 
     def _theme_changed(self, _: object = None) -> None:
-        """State colours come from the theme, readable on its background."""
-        from obelisk_tui import model
+        """State colours and the others (`palette`) come from the theme, readable on its
+        background."""
 
-        model.STATE_COLOURS.update(
-            model.state_colours(self.current_theme.to_color_system().generate())
-        )
+        variables = self.current_theme.to_color_system().generate()
+        model.STATE_COLOURS.update(model.state_colours(variables))
+        palette.COLOURS.update(palette.theme_colours(variables))
         if self.backend is not None:
             for screen in self.screen_stack:
                 screen.post_message(DataChanged())
+                screen.post_message(Restyled())  # what is drawn once (dialogs)
                 screen.refresh(repaint=True)
 
     # -- a bug in a screen is not the end of the engine ---------------------------------
@@ -402,15 +405,17 @@ class ObeliskApp(App[None]):
         if not isinstance(self.screen, ComponentsScreen):
             self.push_screen(ComponentsScreen())
 
-    def action_submit(self) -> None:
+    def action_submit(self, ffqn: str | None = None) -> None:
+        """The submit dialog (`s`, `:submit [FFQN]`), with `ffqn` chosen if given."""
         from obelisk_tui.screens.submit import SubmitScreen
 
-        def submitted(execution_id: str | None) -> None:
-            if execution_id:
-                self.notify(f"submitted {execution_id}", title="submit")
-                self.open_execution(execution_id)
+        self.push_screen(SubmitScreen(ffqn), self.submitted)
 
-        self.push_screen(SubmitScreen(), submitted)
+    def submitted(self, execution_id: str | None) -> None:
+        """A new execution (the dialog's, `:submit`'s): say so and open it."""
+        if execution_id:
+            self.notify(f"submitted {execution_id}", title="submit")
+            self.open_execution(execution_id)
 
     def action_freeze(self) -> None:
         self.frozen = not self.frozen

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from rich.style import Style
 from rich.text import Text
 
-from obelisk_tui.model import STATE_COLOURS, STATE_TITLES
+from obelisk_tui.model import STATE_COLOURS, STATE_TITLES, text_on
+from obelisk_tui.palette import COLOURS
 
 #: Transitions drawn, by (from, to) underlying state; "created" has no source.
 EDGES: dict[tuple[str, str], str] = {
@@ -134,11 +135,12 @@ def draw(
     legend = "overlays: Paused (PendingAt, BlockedByJoinSet) · Cancelling (any unfinished)"
     canvas.text(19, 2, legend, "legend")
 
-    dim = Style(color="grey50")
-    mark = Style(color="#f0c674", bold=True)
-    colour = STATE_COLOURS.get(overlays[0] if overlays else current or "", "white")
+    dim = Style(color=COLOURS["muted"])
+    box = Style(color=COLOURS["box"])
+    mark = Style(color=COLOURS["mark"], bold=True)
+    colour = STATE_COLOURS.get(overlays[0] if overlays else current or "", COLOURS["foreground"])
     here = Style(color=colour, bold=True)
-    overlay_style = Style(color="black", bgcolor=colour, bold=True)
+    overlay_style = Style(color=text_on(colour), bgcolor=colour, bold=True)
     lines: list[Text] = []
     for r in range(canvas.rows):
         line = Text(no_wrap=True, overflow="crop")
@@ -151,7 +153,7 @@ def draw(
             elif who and who == last:
                 style = mark
             elif who in BOXES:
-                style = Style(color="grey70")
+                style = box
             else:
                 style = dim
             line.append(canvas.chars[r][c], style)

@@ -11,6 +11,10 @@ class DataChanged(Message):
     """Something was committed: refresh what is shown (throttled by the app)."""
 
 
+class Restyled(Message):
+    """The theme changed: redraw what was drawn once with its colours (`palette`)."""
+
+
 class Tick(Message):
     """A second passed: relative times ("3s ago") need repainting; no I/O."""
 

@@ -107,9 +107,9 @@ def text_on(colour: str) -> str:
     return "black" if contrast(colour, "#000000") >= contrast(colour, "#ffffff") else "white"
 
 
-def readable(colour: str, background: str) -> str:
+def readable(colour: str, background: str, minimum: float = MIN_CONTRAST) -> str:
     """`colour`, mixed towards white (dark backgrounds) or black (light ones) until it
-    has `MIN_CONTRAST` against `background`."""
+    has `minimum` contrast against `background`."""
     rgb, bg = _rgb(colour), _rgb(background)
     if rgb is None or bg is None:
         return colour
@@ -118,7 +118,7 @@ def readable(colour: str, background: str) -> str:
     for step in range(11):
         mixed = tuple(round(c + (target - c) * step / 10) for c in rgb)
         out = "#{:02x}{:02x}{:02x}".format(*mixed)
-        if contrast(out, background) >= MIN_CONTRAST:
+        if contrast(out, background) >= minimum:
             break
     return out
 
@@ -187,7 +187,7 @@ def state_label(info: ExecutionInfo) -> tuple[str, str]:
     base = STATE_SHORT.get(state_name(underlying(state)), "?")
     if layers:
         return "·".join([*layers, base]), STATE_COLOURS[layers[0]]
-    return base, STATE_COLOURS.get(name, "white")
+    return base, STATE_COLOURS.get(name, "")  # (no colour: the theme's text)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Pause / unpause / cancel of one execution or many, and stub of one, shared by the
-screens."""
+"""Pause / unpause / cancel of one execution or many, and stub of one: the one code that
+the screens' keys (`p` `u` `c` `X` `S`) and the `:` command line (`:pause …`) run
+(`act`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 from engine.client import ApiError
 from engine.views import ExecutionInfo
 from obelisk_tui import model
+from obelisk_tui.screens.confirm import ConfirmScreen
 
 if TYPE_CHECKING:
     from obelisk_tui.app import ObeliskApp
@@ -54,12 +56,44 @@ def explain(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> None:
     )
 
 
-async def stub(app: ObeliskApp, info: ExecutionInfo) -> None:
-    """Ask for the stub's return value and write it (`StubScreen`)."""
+async def act(app: ObeliskApp, action: str, targets: list[ExecutionInfo]) -> bool:
+    """What a key and a command do to `targets` (an action of `ACTIONS`): one that
+    applies to none of them says why (`explain`: the engine's own rules, through
+    `model.refusal`); a cancel asks first, naming them, a forced one says what it
+    overrides; then `perform`, or the stub's dialog. Whether it went ahead (not refused,
+    not declined)."""
+    if not applicable(action, targets):
+        explain(app, action, targets)
+        return False
+    if action == "stub":
+        return await stub(app, targets[0])
+    question = confirmation(action, targets)
+    if question is not None and not await app.push_screen_wait(ConfirmScreen(question)):
+        return False
+    await perform(app, action, targets)
+    return True
+
+
+def confirmation(action: str, targets: list[ExecutionInfo]) -> str | None:
+    """The question an action asks before it acts, if it asks one."""
+    if action == "cancel":
+        return cancel_question(targets)
+    if action == "force_cancel":
+        if len(targets) == 1:
+            return force_question(targets[0])
+        ids = [t["execution_id"] for t in targets]
+        return "\n".join([f"End {len(ids)} executions by force?", *model.name_executions(ids, 3)])
+    return None
+
+
+async def stub(app: ObeliskApp, info: ExecutionInfo) -> bool:
+    """Ask for the stub's return value and write it (`StubScreen`): whether it was."""
     from obelisk_tui.screens.stub import StubScreen
 
-    if model.refusal("stub", info) is None:
-        await app.push_screen_wait(StubScreen(info))
+    if model.refusal("stub", info) is not None:
+        return False
+    written: bool = await app.push_screen_wait(StubScreen(info))
+    return written
 
 
 def force_question(info: ExecutionInfo) -> str:

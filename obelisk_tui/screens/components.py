@@ -18,6 +18,7 @@ from engine.client import ApiError
 from engine.views import ComponentInfo, DeploymentInfo, upgrades_unchecked
 from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, DeploymentReloaded
+from obelisk_tui.palette import COLOURS
 from obelisk_tui.screens.base import HEADER_ICON, ObeliskScreenMixin
 from obelisk_tui.widgets.breadcrumb import Breadcrumb
 from obelisk_tui.widgets.key_footer import KeyFooter
@@ -52,10 +53,10 @@ def reload_summary(reload: dict[str, Any]) -> str:
 def render_reload(reload: dict[str, Any]) -> RenderableType:
     ok = bool(reload.get("ok"))
     parts: list[RenderableType] = [
-        Text(reload_summary(reload), style="bold " + ("#5fb86a" if ok else "#e0606a"))
+        Text(reload_summary(reload), style="bold " + COLOURS["ok" if ok else "error"])
     ]
     if not ok and reload.get("error"):
-        parts.append(Text(str(reload["error"]), style="#e0606a"))
+        parts.append(Text(str(reload["error"]), style=COLOURS["error"]))
     if reload.get("changes"):
         table = Table("change", "component", "digest", box=None, padding=(0, 1))
         for c in reload["changes"]:
@@ -68,7 +69,7 @@ def render_reload(reload: dict[str, Any]) -> RenderableType:
     if reload.get("upgrades"):
         table = Table("execution", "outcome", "reason", box=None, padding=(0, 1))
         for u in reload["upgrades"]:
-            colour = "#5fb86a" if u.get("outcome") == "success" else "#e0606a"
+            colour = COLOURS["ok" if u.get("outcome") == "success" else "error"]
             table.add_row(
                 str(u.get("execution_id")),
                 Text(str(u.get("outcome")), colour),
@@ -80,12 +81,15 @@ def render_reload(reload: dict[str, Any]) -> RenderableType:
         parts.append(
             Text(
                 f"{len(reload['pinned'])} old version(s) kept for executions pinned to them",
-                style="dim",
+                style=COLOURS["muted"],
             )
         )
     if reload.get("orphaned"):
         parts.append(
-            Text("waiting: no deployed component exports their function", style="bold #e0b050")
+            Text(
+                "waiting: no deployed component exports their function",
+                style="bold " + COLOURS["warning"],
+            )
         )
         table = Table("function", "unfinished executions", box=None, padding=(0, 1))
         for o in reload["orphaned"]:
@@ -104,8 +108,8 @@ def elide_left(text: str, width: int) -> str:
 def render_component(c: ComponentInfo) -> RenderableType:
     head = Text()
     head.append(c["name"], "bold")
-    head.append(f"  {c['type']}  {c['digest']}\n", "dim")
-    head.append(f"file: {c['location'] or '—'}\n", "dim")
+    head.append(f"  {c['type']}  {c['digest']}\n", COLOURS["muted"])
+    head.append(f"file: {c['location'] or '—'}\n", COLOURS["muted"])
     table = Table("exported function", "params", "returns", box=None, padding=(0, 1))
     for f in c["exports"]:
         params = ", ".join(f"{p['name']}: {p['type']}" for p in f["params"])
@@ -175,7 +179,7 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
                 # errors (a rejected token, say) reload with the next change or `r`.
                 retry = "retrying" if e.status is None else "r to retry"
                 self.query_one("#reload-status", Static).update(
-                    Text(f"cannot read the deployment: {e.message} ({retry})", "#e0606a")
+                    Text(f"cannot read the deployment: {e.message} ({retry})", COLOURS["error"])
                 )
             return
         if self.is_live:

@@ -9,7 +9,6 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.screen import Screen
 from textual.widgets import Header, Static, TabbedContent, TabPane, Tree
 
 from engine.client import ApiError
@@ -20,12 +19,13 @@ from engine.views import (
     ExecutionInfo,
     ResponseEntry,
 )
-from obelisk_tui import model, timeline
+from obelisk_tui import model, palette, timeline
 from obelisk_tui.messages import DataChanged, DelayKey, Tick
 from obelisk_tui.screens import actions
-from obelisk_tui.screens.base import HEADER_ICON, ObeliskScreenMixin
+from obelisk_tui.screens.base import HEADER_ICON
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.screens.event_json import EventJsonScreen
+from obelisk_tui.screens.run_command import CommandLineHost
 from obelisk_tui.widgets.breadcrumb import Breadcrumb
 from obelisk_tui.widgets.children_tree import ChildrenTree
 from obelisk_tui.widgets.event_log import EventLog
@@ -42,7 +42,7 @@ def render_result(info: ExecutionInfo) -> RenderableType:
     result = info.get("result")
     if result is None:
         label, colour = model.state_label(info)
-        return Text.assemble(("not finished yet: ", "dim"), (label, colour))
+        return Text.assemble(("not finished yet: ", palette.COLOURS["muted"]), (label, colour))
     kind = model.result_kind(result)
     if kind in ("ok", "err"):
         colour = model.STATE_COLOURS["finished" if kind == "ok" else "err"]
@@ -62,7 +62,7 @@ def render_result(info: ExecutionInfo) -> RenderableType:
     return Group(*parts)
 
 
-class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
+class ExecutionDetailScreen(CommandLineHost):
     BINDINGS = [
         Binding("escape,backspace", "back", "Back"),
         Binding("left_square_bracket", "travel(-1)", "◀ version"),
@@ -120,6 +120,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
                 yield LogView(id="log-view")
             with TabPane("5 Result", id="result"), KeyScroll(id="result-scroll"):
                 yield Static(id="result-view")
+        yield self.make_command_line()
         yield KeyFooter()
 
     def on_mount(self) -> None:
@@ -202,7 +203,9 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
             if not self.is_live:
                 return
             if e.status == 404:
-                self.query_one("#detail-title", Static).update(Text(f" {e.message}", "bold red"))
+                self.query_one("#detail-title", Static).update(
+                    Text(f" {e.message}", "bold " + palette.COLOURS["error"])
+                )
                 return
             self.obelisk.report_error(e)
             return
@@ -241,7 +244,7 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
         title.append(f" {took} ", "bold")
         title.append(f" {eid}", "bold")
         title.append(f"  {ffqn}")
-        title.append(parent, "dim")
+        title.append(parent, palette.COLOURS["muted"])
         widget.update(title)
 
     def on_resize(self) -> None:
@@ -349,29 +352,36 @@ class ExecutionDetailScreen(ObeliskScreenMixin, Screen[None]):
             return actions.key_state(str(parameters[0]) if action == "act" else "stub", [self.info])
         if action == "parent":
             return True if self.info is not None and self.info["parent_id"] else None
-        return True
+        return super().check_action(action, parameters)
+
+    # -- the command line (`:`) ----------------------------------------------------------
+    def command_targets(self) -> list[ExecutionInfo]:
+        return [self.info] if self.info is not None else []
+
+    def command_ids(self) -> list[str]:
+        """This execution, its parent and the children its events requested."""
+        ids = [self.execution_id]
+        if self.info is not None and self.info["parent_id"]:
+            ids.append(self.info["parent_id"])
+        ids += [c for e in self.events if (c := model.requested_child(e["event"]))]
+        return ids
 
     def action_explain(self, action: str) -> None:
         actions.explain(self.obelisk, action, [self.info] if self.info else [])
 
     @work(group="actions")
     async def action_stub(self) -> None:
-        if self.info is not None:
-            await actions.stub(self.obelisk, self.info)
+        await self.act_on("stub")
 
     @work(group="actions")
     async def action_act(self, action: str) -> None:
-        if self.info is None:
-            return
-        if action == "cancel" and not await self.app.push_screen_wait(
-            ConfirmScreen(f"Cancel {self.execution_id}?")
-        ):
-            return
-        if action == "force_cancel" and not await self.app.push_screen_wait(
-            ConfirmScreen(actions.force_question(self.info))
-        ):
-            return
-        await actions.perform(self.obelisk, action, [self.info])
+        await self.act_on(action)
+
+    async def act_on(self, action: str, targets: list[ExecutionInfo] | None = None) -> None:
+        """`action` on `targets` (a command's), else on this execution (`actions.act`)."""
+        if targets is None:
+            targets = [self.info] if self.info is not None else []
+        await actions.act(self.obelisk, action, targets)
 
     @work(group="actions")
     async def action_resubmit(self) -> None:

@@ -8,22 +8,23 @@ from dataclasses import replace
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.screen import Screen
 from textual.widgets import Header, Input, Static
 
+from engine.api_types import ListOrder
 from engine.client import ApiError
+from engine.views import ExecutionInfo
 from obelisk_tui import model
 from obelisk_tui.messages import DataChanged, Tick
 from obelisk_tui.model import ExecutionQuery
 from obelisk_tui.screens import actions
-from obelisk_tui.screens.base import HEADER_ICON, ObeliskScreenMixin
-from obelisk_tui.screens.confirm import ConfirmScreen
+from obelisk_tui.screens.base import HEADER_ICON
+from obelisk_tui.screens.run_command import CommandLineHost
 from obelisk_tui.widgets.execution_list import ExecutionList
 from obelisk_tui.widgets.key_footer import KeyFooter
 from obelisk_tui.widgets.state_counts import StateCounts
 
 
-class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
+class ExecutionsScreen(CommandLineHost):
     #: Its crumb in the breadcrumb of the screens above it.
     crumb = "executions"
 
@@ -62,6 +63,7 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
             id="filter",
         )
         yield ExecutionList(now=self.obelisk.now, id="executions")
+        yield self.make_command_line()
         yield KeyFooter()
 
     def on_mount(self) -> None:
@@ -169,13 +171,17 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
     @on(Input.Submitted, "#filter")
     def _apply_filter(self, event: Input.Submitted) -> None:
         try:
-            query = model.parse_filter(event.value, self.query_state.order)
+            self.apply_filter(event.value)
         except ValueError as e:
             self.notify(str(e), title="filter", severity="error")
             return
-        self._set_query(query)
         event.input.display = False
         self.set_focus(self.query_one(ExecutionList))
+
+    def apply_filter(self, text: str) -> None:
+        """The filter `text` (the `/` box's, `:filter`'s; empty: none); ValueError names
+        what is wrong with it."""
+        self._set_query(model.parse_filter(text, self.query_state.order))
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
@@ -187,7 +193,12 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
             self._set_query(ExecutionQuery(order=self.query_state.order))
 
     def action_order(self) -> None:
-        self._set_query(model.next_order(self.query_state))
+        self.set_order(None)
+
+    def set_order(self, order: ListOrder | None) -> None:
+        """The list in `order`, or (None) the next one (`o`, `:order`)."""
+        q = self.query_state
+        self._set_query(model.next_order(q) if order is None else replace(q, order=order))
         self.notify(f"order: {model.ORDER_TITLES[self.query_state.order]}", timeout=2)
 
     def action_failures(self) -> None:
@@ -213,34 +224,41 @@ class ExecutionsScreen(ObeliskScreenMixin, Screen[None]):
         self.query_one(ExecutionList).action_toggle_mark()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "filter" and self.is_mounted:
-            # Typing in the filter box: `/` is text (`ffqn:myapp:demo/`). (`focused`, not
-            # `has_focus`: that one changes only when the box handles its Focus event,
-            # after the keys typed with the `/` that opened it.)
-            return self.focused is not self.query_one("#filter", Input)
+        if action == "filter":
+            # Typing in the filter box or the command line: `/` is text (`ffqn:myapp:
+            # demo/`). (`focused`, not `has_focus`: that one changes only when the box
+            # handles its Focus event, after the keys typed with the `/` that opened it.)
+            return not isinstance(self.focused, Input)
         if action in ("act", "stub"):
             if not self.is_mounted:
                 return True
             targets = self.query_one(ExecutionList).targets()
             return actions.key_state(str(parameters[0]) if action == "act" else "stub", targets)
-        return True
+        return super().check_action(action, parameters)
+
+    # -- the command line (`:`) ----------------------------------------------------------
+    def command_targets(self) -> list[ExecutionInfo]:
+        return self.query_one(ExecutionList).targets()
+
+    def command_ids(self) -> list[str]:
+        return [r["execution_id"] for r in self.query_one(ExecutionList).rows]
 
     def action_explain(self, action: str) -> None:
         actions.explain(self.obelisk, action, self.query_one(ExecutionList).targets())
 
     @work(group="actions")
     async def action_stub(self) -> None:
-        targets = self.query_one(ExecutionList).targets()
-        if len(targets) == 1:
-            await actions.stub(self.obelisk, targets[0])
+        await self.act_on("stub")
 
     @work(group="actions")
     async def action_act(self, action: str) -> None:
+        await self.act_on(action)
+
+    async def act_on(self, action: str, targets: list[ExecutionInfo] | None = None) -> None:
+        """`action` on `targets` (a command's), else on what the keys act on: the marked
+        executions (unmarked once done) or the selected one (`actions.act`)."""
         lst = self.query_one(ExecutionList)
-        targets = lst.targets()
-        question = actions.cancel_question(targets)
-        if action == "cancel" and not await self.app.push_screen_wait(ConfirmScreen(question)):
-            return
-        await actions.perform(self.obelisk, action, targets)
-        if lst.marked:
+        if targets is not None:
+            await actions.act(self.obelisk, action, targets)
+        elif await actions.act(self.obelisk, action, lst.targets()) and lst.marked:
             lst.action_clear_marks()

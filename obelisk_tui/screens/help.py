@@ -17,6 +17,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Label, Static
 
+from obelisk_tui import cmdline, palette
+from obelisk_tui.messages import Restyled
 from obelisk_tui.widgets.key_footer import KeyFooter
 from obelisk_tui.widgets.key_scroll import KeyScroll
 
@@ -39,6 +41,7 @@ EXECUTIONS: Rows = [
     ("m  M", "mark the selected execution and move down / unmark all"),
     ("p u c", "pause / unpause / cancel (asks first): the marked executions, or the selected one"),
     ("S", "stub the selected activity_stub execution (write its return value)"),
+    (":", "the command line (below)"),
 ]
 
 DETAIL: Rows = [
@@ -53,6 +56,7 @@ DETAIL: Rows = [
     ("R", "re-submit: same function and params, a new id (asks first); a failed one's retry"),
     ("S", "stub this execution, if it is an unfinished activity_stub"),
     ("X", "force-cancel this workflow that is not -cancellable (asks first, says so)"),
+    (":", "the command line (below)"),
     ("esc backspace", "back"),
 ]
 
@@ -86,8 +90,24 @@ FILTER = "\n".join(
 )
 
 
+#: The command line's commands, from its one table (`cmdline.COMMANDS`).
+COMMAND_LINE: Rows = [
+    (f":{c.name} {c.usage}".rstrip(), f"{c.help} ({c.key})" if c.key else c.help)
+    for c in cmdline.COMMANDS
+] + [("tab  ↑ ↓  esc", "complete (commands, ids shown); history; close")]
+
+COMMAND_IDS = (
+    "An ID is the whole id, its start (E_01…; a start within a workflow's id names the "
+    "workflow), or, among the executions shown, its end (approve_1) or its short form as "
+    "the list shows it (E_01M9…XYNVK.o:1-approve_1). No ID: what the key acts on (the "
+    "marked or selected executions; on an execution's screen, that one). A wrong line "
+    "says what is wrong and stays open."
+)
+
+
 def sections(screen: Screen[object]) -> list[tuple[str, Rows | str]]:
-    """The guide for `screen` (by its kind), then what works everywhere."""
+    """The guide for `screen` (by its kind), then what works everywhere, then its command
+    line's commands (a reference: the keys come first)."""
     from obelisk_tui.screens.components import ComponentsScreen
     from obelisk_tui.screens.detail import ExecutionDetailScreen
     from obelisk_tui.screens.executions import ExecutionsScreen
@@ -99,21 +119,27 @@ def sections(screen: Screen[object]) -> list[tuple[str, Rows | str]]:
         out += [("Execution", MOVING + DETAIL)]
     elif isinstance(screen, ComponentsScreen):
         out += [("Components", COMPONENTS)]
-    return [*out, ("Everywhere", EVERYWHERE)]
+    out.append(("Everywhere", EVERYWHERE))
+    if isinstance(screen, ExecutionsScreen | ExecutionDetailScreen):
+        out += [("Command line (:)", COMMAND_LINE), ("", COMMAND_IDS)]
+    return out
 
 
 def render_sections(parts: list[tuple[str, Rows | str]]) -> RenderableType:
     blocks: list[RenderableType] = []
     for title, body in parts:
-        blocks.append(Text(title, style="bold"))
+        if title:  # an untitled part goes on from the one before
+            blocks.append(Text(title, style="bold"))
+        elif blocks:
+            blocks.pop()  # the blank line after the part before
         if isinstance(body, str):
             blocks.append(Text(body))
         else:
             table = Table.grid(padding=(0, 2))
-            table.add_column(style="bold #f0c674", no_wrap=True)
+            table.add_column(style="bold " + palette.COLOURS["mark"], no_wrap=True)
             table.add_column()
             for keys, what in body:
-                table.add_row(keys, what)
+                table.add_row(Text(keys), Text(what))  # not markup: `[newest|oldest]`
             blocks.append(table)
         blocks.append(Text(""))
     return Group(*blocks)
@@ -135,3 +161,6 @@ class HelpScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         self.query_one(KeyScroll).focus()
+
+    def on_restyled(self, _: Restyled) -> None:
+        self.query_one("#help-text", Static).update(render_sections(self.parts))

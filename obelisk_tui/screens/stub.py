@@ -15,7 +15,8 @@ from textual.widgets import Button, Label, Static, TextArea
 
 from engine.client import ApiError
 from engine.views import ExecutionInfo
-from obelisk_tui import submitting
+from obelisk_tui import palette, submitting
+from obelisk_tui.messages import Restyled
 from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.widgets.key_footer import KeyFooter
 
@@ -66,14 +67,22 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
         for fn in submitting.exported_functions(deployment):
             if fn["ffqn"] == ffqn:
                 self.return_type = fn["return_type"]
-        signature = Text(ffqn, "bold")
-        if self.return_type:
-            signature.append(" -> ")
-            signature.append(self.return_type, "#b5bd68")
-        self.query_one("#stub-signature", Static).update(signature)
+        self._show_signature()
         area = self.query_one(TextArea)
         if area.text == PLACEHOLDER:  # not what was typed meanwhile
             area.text = submitting.stub_template(self.return_type)
+        self._check()
+
+    def _show_signature(self) -> None:
+        signature = Text(self.info["ffqn"], "bold")
+        if self.return_type:
+            signature.append(" -> ")
+            signature.append(self.return_type, palette.COLOURS["type"])
+        self.query_one("#stub-signature", Static).update(signature)
+
+    def on_restyled(self, _: Restyled) -> None:
+        """Drawn again in the new theme's colours (what was typed stays)."""
+        self._show_signature()
         self._check()
 
     @on(TextArea.Changed)
@@ -84,9 +93,9 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
         value, error = submitting.check_stub(self.return_type, self.query_one(TextArea).text)
         box = self.query_one("#stub-error", Static)
         if error:
-            box.update(Text("✗ " + error, "#e0606a"))
+            box.update(Text("✗ " + error, palette.COLOURS["error"]))
             return None
-        box.update(Text("✓ matches the return type", "#5fb86a"))
+        box.update(Text("✓ matches the return type", palette.COLOURS["ok"]))
         return value
 
     @on(Button.Pressed, "#do-stub")
@@ -109,7 +118,7 @@ class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
             # Kept open with the answer (a conflict, a type the server refused).
             if self.is_live:
                 box = self.query_one("#stub-error", Static)
-                box.update(Text("✗ " + e.message, "#e0606a"))
+                box.update(Text("✗ " + e.message, palette.COLOURS["error"]))
             return
         self.notify(f"stubbed {eid}", title="stub")
         self.obelisk.request_refresh()

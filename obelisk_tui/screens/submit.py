@@ -16,7 +16,8 @@ from textual.widgets.option_list import Option
 
 from engine.client import ApiError
 from engine.views import FunctionExport
-from obelisk_tui import submitting
+from obelisk_tui import palette, submitting
+from obelisk_tui.messages import Restyled
 from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.widgets.key_footer import KeyFooter
 
@@ -28,13 +29,13 @@ def signature(fn: FunctionExport) -> Text:
     for i, p in enumerate(fn["params"]):
         if i:
             text.append(", ")
-        text.append(p["name"], "#8abeb7")
+        text.append(p["name"], palette.COLOURS["label"])
         text.append(": ")
-        text.append(p["type"], "#b5bd68")
+        text.append(p["type"], palette.COLOURS["type"])
     text.append(")")
     if fn["return_type"]:
         text.append(" -> ")
-        text.append(fn["return_type"], "#b5bd68")
+        text.append(fn["return_type"], palette.COLOURS["type"])
     return text
 
 
@@ -47,7 +48,11 @@ def function_prompt(ffqn: str) -> Text:
     cuts at the end, where the shared namespace is, not in the middle of the name."""
     interface, _, function = ffqn.rpartition(".")
     return Text.assemble(
-        (function, "bold"), "  ", (interface, "dim"), no_wrap=True, overflow="ellipsis"
+        (function, "bold"),
+        "  ",
+        (interface, palette.COLOURS["muted"]),
+        no_wrap=True,
+        overflow="ellipsis",
     )
 
 
@@ -96,7 +101,10 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
                 if not self.is_live:
                     return
                 self.query_one("#signature", Static).update(
-                    Text(f"cannot list the functions: {e.message} (retrying)", "#e0606a")
+                    Text(
+                        f"cannot list the functions: {e.message} (retrying)",
+                        palette.COLOURS["error"],
+                    )
                 )
                 await asyncio.sleep(RETRY_SECONDS)
         if not self.is_live:  # closed while we waited
@@ -136,6 +144,12 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
         if isinstance(event, OptionList.OptionSelected):
             self.query_one(TextArea).focus()
 
+    def on_restyled(self, _: Restyled) -> None:
+        """Drawn again in the new theme's colours (what was typed stays)."""
+        if self.chosen is not None:
+            self.query_one("#signature", Static).update(signature(self.chosen))
+            self._check()
+
     def _choose(self, ffqn: str) -> None:
         fn = next((f for f in self.functions if f["ffqn"] == ffqn), None)
         if fn is None or fn is self.chosen:
@@ -152,15 +166,15 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
     def _check(self) -> list[object] | None:
         error_box = self.query_one("#params-error", Static)
         if self.chosen is None:
-            error_box.update(Text("pick a function first", "#e0606a"))
+            error_box.update(Text("pick a function first", palette.COLOURS["error"]))
             return None
         params, error = submitting.check_params(
             self.chosen["ffqn"], self.chosen["params"], self.query_one(TextArea).text
         )
         if error:
-            error_box.update(Text("✗ " + error, "#e0606a"))
+            error_box.update(Text("✗ " + error, palette.COLOURS["error"]))
             return None
-        error_box.update(Text("✓ params match the types", "#5fb86a"))
+        error_box.update(Text("✓ params match the types", palette.COLOURS["ok"]))
         return params
 
     @on(Button.Pressed, "#do-submit")
@@ -181,7 +195,7 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
         except ApiError as e:
             if self.is_live:
                 box = self.query_one("#params-error", Static)
-                box.update(Text("✗ " + e.message, "#e0606a"))
+                box.update(Text("✗ " + e.message, palette.COLOURS["error"]))
             return
         if self.is_live:
             self.dismiss(eid)

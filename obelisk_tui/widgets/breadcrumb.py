@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from obelisk_tui import model
+from obelisk_tui import model, palette
 
 SEPARATOR = " › "
 
@@ -24,6 +24,6 @@ class Breadcrumb(Widget):
         text = Text(" ", no_wrap=True, overflow="ellipsis")
         for i, label in enumerate(labels):
             if i:
-                text.append(SEPARATOR, "dim")
+                text.append(SEPARATOR, palette.COLOURS["muted"])
             text.append(label, "bold" if i == len(labels) - 1 else "")
         return text

@@ -11,7 +11,7 @@ from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from engine.views import EventEntry, ExecutionInfo, ResponseEntry
-from obelisk_tui import model
+from obelisk_tui import model, palette
 from obelisk_tui.messages import DelayKey
 
 #: Columns of a child's duration ("5m 03s so far").
@@ -22,13 +22,13 @@ def child_label(info: ExecutionInfo, now: datetime) -> Text:
     label, colour = model.state_label(info)
     text = Text(no_wrap=True)
     text.append(f"{label:<16} ", colour)
-    text.append(f"{model.duration(info, now):>{DURATION_WIDTH}}  ", "dim")
+    text.append(f"{model.duration(info, now):>{DURATION_WIDTH}}  ", palette.COLOURS["muted"])
     eid = info["execution_id"]
     parent = info["parent_id"] or ""
     text.append(eid[len(parent) :] if parent and eid.startswith(parent) else eid, "bold")
     text.append(f"  {info['ffqn']}", "")
     if info.get("children"):
-        text.append(f"  ({info['children']} children)", "dim")
+        text.append(f"  ({info['children']} children)", palette.COLOURS["muted"])
     return text
 
 
@@ -158,17 +158,18 @@ class ChildrenTree(Tree[str]):
 
         add(self.root, root_id)
         for delay, expires, outcome in delays:
-            colour = {"waiting": model.STATE_COLOURS["pending_at"], "cancelled": "#e0606a"}.get(
-                outcome, "dim"
-            )
+            colour = {
+                "waiting": model.STATE_COLOURS["pending_at"],
+                "cancelled": palette.COLOURS["error"],
+            }.get(outcome, palette.COLOURS["muted"])
             label = Text(no_wrap=True)
             label.append(f"{'delay ' + outcome:<16} ", colour)
             label.append(" " * (DURATION_WIDTH + 2))
             label.append(delay, "bold")
-            label.append(f"  until {expires}", "dim")
+            label.append(f"  until {expires}", palette.COLOURS["muted"])
             nodes[delay] = self.root.add_leaf(label, data=delay)
         if not descendants and not delays:
-            self.root.add_leaf(Text("no children or delays", "dim"))
+            self.root.add_leaf(Text("no children or delays", palette.COLOURS["muted"]))
         self.root.expand()
         if cursor is not None and cursor in nodes:
             self.move_cursor(nodes[cursor])

@@ -10,17 +10,18 @@ from textual.binding import Binding
 from textual.message import Message
 
 from engine.views import EventEntry
-from obelisk_tui import model
+from obelisk_tui import model, palette
 from obelisk_tui.messages import DelayKey
 from obelisk_tui.widgets.row_list import RowList
 
-#: Colour of each event name: a fixed colour, or the state whose (theme's) colour it
-#: takes, looked up when drawn (`model.STATE_COLOURS` follows the theme).
+#: Colour of each event name: a role of the palette, or the state whose colour it
+#: takes, looked up when drawn (`palette.COLOURS` and `model.STATE_COLOURS` follow the
+#: theme).
 EVENT_COLOURS: dict[str, str] = {
-    "created": "#8abeb7",
-    "temporarily_failed": "#e0606a",
-    "temporarily_timed_out": "#e0606a",
-    "join_set_request": "#b5bd68",
+    "created": "label",
+    "temporarily_failed": "error",
+    "temporarily_timed_out": "error",
+    "join_set_request": "type",
 }
 EVENT_STATES: dict[str, str] = {
     "locked": "locked",
@@ -35,7 +36,10 @@ EVENT_STATES: dict[str, str] = {
 
 def event_colour(name: str) -> str:
     state = EVENT_STATES.get(name)
-    return model.STATE_COLOURS[state] if state is not None else EVENT_COLOURS.get(name, "")
+    if state is not None:
+        return model.STATE_COLOURS[state]
+    role = EVENT_COLOURS.get(name)
+    return palette.COLOURS[role] if role is not None else ""
 
 
 #: Wide enough for every event name but `component_upgrade_finished`.
@@ -134,10 +138,13 @@ class EventLog(RowList):
             kind = model.result_kind(model.normal_result(event.get("result") or {}))
             colour = model.STATE_COLOURS["finished" if kind == "ok" else "err"]
         text = Text(no_wrap=True)
-        text.append(f"{entry['version']:>4}  ", "dim")
-        text.append(f"{model.clock_time(model.parse_ts(entry['created_at'])):<12}  ", "dim")
+        text.append(f"{entry['version']:>4}  ", palette.COLOURS["muted"])
+        text.append(
+            f"{model.clock_time(model.parse_ts(entry['created_at'])):<12}  ",
+            palette.COLOURS["muted"],
+        )
         marker = "◆" if entry.get("backtrace_id") is not None else " "
-        text.append(marker, "#f0c674")
+        text.append(marker, palette.COLOURS["mark"])
         text.append(f"{name.ljust(self._name_width)}  ", colour)
         text.append(model.event_summary(event))
         return text

@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.message import Message
 
 from engine.views import ExecutionInfo, lock_held
-from obelisk_tui import model
+from obelisk_tui import model, palette
 from obelisk_tui.widgets.row_list import RowList
 
 #: Rows loaded around the visible ones, so that scrolling a little needs no fetch.
@@ -273,14 +273,23 @@ def render_execution(
     when_at = when_at or (info.get("scheduled_at") if under == "pending_at" else None)
     created = model.parse_ts(info["created_at"])
     cells: dict[str, tuple[str, str]] = {
-        " ": ("●" if marked else " ", "bold #f0c674"),
-        "EXECUTION": (info["execution_id"], "" if info["parent_id"] is None else "dim"),
+        " ": ("●" if marked else " ", "bold " + palette.COLOURS["mark"]),
+        "EXECUTION": (
+            info["execution_id"],
+            "" if info["parent_id"] is None else palette.COLOURS["muted"],
+        ),
         "FFQN": (info["ffqn"], ""),
         "STATE": (label, colour),
-        "WHEN": (model.relative(model.parse_ts(when_at), now), "dim"),
-        "AGE": (model.span((now - created).total_seconds()) if created else "", "dim"),
-        "EV": (str(info["next_version"]), "dim"),
-        "CH": (str(info.get("children", "")) if info.get("children") else "", "dim"),
+        "WHEN": (model.relative(model.parse_ts(when_at), now), palette.COLOURS["muted"]),
+        "AGE": (
+            model.span((now - created).total_seconds()) if created else "",
+            palette.COLOURS["muted"],
+        ),
+        "EV": (str(info["next_version"]), palette.COLOURS["muted"]),
+        "CH": (
+            str(info.get("children", "")) if info.get("children") else "",
+            palette.COLOURS["muted"],
+        ),
         "LAST EVENT": (info.get("last_event") or "", ""),
     }
     text = Text(no_wrap=True)

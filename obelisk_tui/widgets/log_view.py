@@ -5,16 +5,17 @@ from __future__ import annotations
 from rich.text import Text
 
 from engine.views import LogEntry
-from obelisk_tui import model
+from obelisk_tui import model, palette
 from obelisk_tui.widgets.row_list import RowList
 
-LEVEL_COLOURS = {
-    "error": "#e0606a",
-    "warn": "#e08a3c",
-    "info": "",
-    "debug": "dim",
-    "trace": "dim",
-}
+#: Each level's colour: a role of the palette (looked up when drawn: it follows the
+#: theme); the others in the text's colour.
+LEVEL_ROLES = {"error": "error", "warn": "warning", "debug": "muted", "trace": "muted"}
+
+
+def level_style(level: str) -> str:
+    role = LEVEL_ROLES.get(level)
+    return palette.COLOURS[role] if role is not None else ""
 
 
 class LogView(RowList):
@@ -48,9 +49,13 @@ class LogView(RowList):
     def render_row(self, index: int, width: int) -> Text | None:
         line = self.lines[index]
         text = Text(no_wrap=True)
-        text.append(f"{model.clock_time(model.parse_ts(line['created_at'])):<12}  ", "dim")
+        text.append(
+            f"{model.clock_time(model.parse_ts(line['created_at'])):<12}  ",
+            palette.COLOURS["muted"],
+        )
         level = line["level"]
-        text.append(f"{level:<5}  ", LEVEL_COLOURS.get(level, ""))
-        text.append(f"{line['stream']:<6}  ", "dim")
-        text.append(line["message"].replace("\n", "⏎"), LEVEL_COLOURS.get(level, ""))
+        style = level_style(level)
+        text.append(f"{level:<5}  ", style)
+        text.append(f"{line['stream']:<6}  ", palette.COLOURS["muted"])
+        text.append(line["message"].replace("\n", "⏎"), style)
         return text

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from engine.views import BacktraceInfo, ComponentSourceInfo
+from obelisk_tui import palette
 
 #: Lines shown around the highlighted one.
 CONTEXT = 4
@@ -20,14 +21,14 @@ def excerpt(
     not known), then the rest of the stack."""
     frames = backtrace["frames"]
     if not frames:
-        return Text("(empty backtrace)", style="dim")
+        return Text("(empty backtrace)", style=palette.COLOURS["muted"])
     top = frames[0]
     parts: list[RenderableType] = []
     title = Text()
     title.append(f"{top['file']}:{top['line']}:{top['column']}", "bold")
     if top["function"]:
-        title.append(f" in {top['function']}", "dim")
-    title.append(f"   version {backtrace['version']}", "dim")
+        title.append(f" in {top['function']}", palette.COLOURS["muted"])
+    title.append(f"   version {backtrace['version']}", palette.COLOURS["muted"])
     parts.append(title)
     if source is not None:
         lines = source["source"].splitlines()
@@ -46,12 +47,16 @@ def excerpt(
             )
         )
     else:
-        parts.append(Text("(the source of this component version is not available)", "dim"))
+        parts.append(
+            Text(
+                "(the source of this component version is not available)", palette.COLOURS["muted"]
+            )
+        )
     for frame in frames[1:]:
         parts.append(
             Text(
                 f"  at {frame['function'] or '<anonymous>'} ({frame['file']}:{frame['line']}:{frame['column']})",
-                "dim",
+                palette.COLOURS["muted"],
             )
         )
     return Group(*parts)
@@ -69,8 +74,11 @@ class SourceView(Static):
             self.update(
                 Text(
                     "No backtrace for this event (only workflow calls that write history have one).",
-                    "dim",
+                    palette.COLOURS["muted"],
                 )
             )
             return
-        self.update(excerpt(backtrace, source))
+        # Rich's ANSI syntax themes: the light one on a light theme (the dark one's
+        # colours are for a dark background).
+        syntax = "ansi_dark" if self.app.current_theme.dark else "ansi_light"
+        self.update(excerpt(backtrace, source, theme=syntax))

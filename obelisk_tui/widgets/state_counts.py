@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Sparkline, Static
 
-from obelisk_tui import model
+from obelisk_tui import model, palette
 
 ORDER = ("pending_at", "locked", "blocked_by_join_set", "paused", "cancelling", "finished")
 
@@ -112,12 +112,12 @@ def counts_text(counts: dict[str, int], *, frozen: bool = False, compact: bool =
         label = COMPACT_NAMES[name] if compact else model.STATE_SHORT[name]
         _append_count(text, counts.get(name, 0), label, name)
     if frozen:
-        text.append("  ❚❚ FROZEN (space) ", "bold black on #f0c674")
+        text.append("  ❚❚ FROZEN (space) ", palette.badge("mark"))
     return text
 
 
 def _append_count(text: Text, n: int, label: str, colour: str) -> None:
-    style = model.STATE_COLOURS[colour] if n else "grey50"
+    style = model.STATE_COLOURS[colour] if n else palette.COLOURS["muted"]
     text.append(f" {label} ", style)
     text.append(f"{n:,}", ("bold " + style) if n else style)
     text.append(" ")

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from engine.views import EventEntry, ExecutionInfo
-from obelisk_tui import diagram, model
+from obelisk_tui import diagram, model, palette
 from obelisk_tui.timeline import Step
 
 
@@ -22,7 +22,7 @@ def metadata(info: ExecutionInfo, events: list[EventEntry], now: datetime) -> Ta
     locks = [e["event"] for e in events if e["event"].get("type") == "locked"]
     last_lock = locks[-1] if locks else None
     table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold #8abeb7", no_wrap=True)
+    table.add_column(style="bold " + palette.COLOURS["label"], no_wrap=True)
     table.add_column()
     table.add_row("execution", info["execution_id"])
     table.add_row("function", f"{info['ffqn']}  ({info['component_type']})")
@@ -74,7 +74,7 @@ def render_state(
         overlays = model.overlays(info["state"])
         kind = model.result_kind(info.get("result"))
         edge = None
-        head.append(" now ", "bold black on #5fb86a")
+        head.append(" now ", palette.badge("ok"))
     else:
         under, overlays, kind, edge = (
             step.underlying,
@@ -84,12 +84,12 @@ def render_state(
         )
         total = max(0, info["next_version"] - 1)
         if live:
-            head.append(" live ", "bold black on #5fb86a")
+            head.append(" live ", palette.badge("ok"))
         else:
-            head.append(" time travel ", "bold black on #f0c674")
+            head.append(" time travel ", palette.badge("mark"))
         head.append(f"  at version {step.version} of {total}", "bold")
-        head.append("   [ ] versions", "dim")
-    head.append("   state now: ", "dim")
+        head.append("   [ ] versions", palette.COLOURS["muted"])
+    head.append("   state now: ", palette.COLOURS["muted"])
     head.append(label, f"bold {colour}")
     finished_as = None
     if kind is not None:

@@ -130,8 +130,10 @@ async def open_console(
     backend: ConsoleBackend | None = None,
     size: tuple[int, int] = SIZE,
     now: Callable[[], datetime] | None = None,
+    notifications: bool = False,
 ) -> AsyncIterator[tuple[ObeliskApp, Pilot[None]]]:
-    """The console on `engine` (embedded) or on `backend`, connected and on its home screen."""
+    """The console on `engine` (embedded) or on `backend`, connected and on its home screen.
+    `notifications`: toasts are drawn (Textual's tests leave them out of the screen)."""
 
     async def connect() -> ConsoleBackend:
         if backend is not None:
@@ -140,7 +142,7 @@ async def open_console(
         return EmbeddedBackend(engine, label="test", owns_engine=False)
 
     app = ObeliskApp(connect, what="test", now=now)
-    async with app.run_test(size=size) as pilot:
+    async with app.run_test(size=size, notifications=notifications) as pilot:
         from obelisk_tui.screens.executions import ExecutionsScreen
 
         await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="home screen")

@@ -130,6 +130,9 @@ async def test_columns_stay_when_the_list_grows_a_scrollbar(console_engine: Engi
         margin = app.size.width - lst.size.width
         await pilot.resize_terminal(100 + margin, 20)  # WHEN fits in 100, not in 99
         await until(pilot, lambda: listed(app) == [first], what="one row")
+        # Laid out at the new width before its header is read (not the old one's).
+        await until(pilot, lambda: lst.size.width == 100, what="the new width")
+        await pilot.pause()
         header = next(line for line in screen_text(app).splitlines() if "EXECUTION" in line)
         for i in range(30):
             await engine.submit(APPROVE, [str(i)])
@@ -819,7 +822,9 @@ def test_the_help_names_every_key_of_each_screen() -> None:
     widgets or the app bind is explained, and every key explained is bound."""
     from obelisk_tui.app import ObeliskApp
     from obelisk_tui.screens import help as guide
+    from obelisk_tui.screens.run_command import CommandLineHost
     from obelisk_tui.widgets.children_tree import ChildrenTree
+    from obelisk_tui.widgets.command_line import CommandLine
     from obelisk_tui.widgets.key_scroll import KeyScroll
     from obelisk_tui.widgets.row_list import RowList
 
@@ -829,7 +834,7 @@ def test_the_help_names_every_key_of_each_screen() -> None:
 
     names = {"question_mark": "?", "slash": "/", "left_square_bracket": "[",
              "right_square_bracket": "]", "escape": "esc", "up": "↑", "down": "↓",
-             "pageup": "pgup", "pagedown": "pgdn"}  # fmt: skip
+             "pageup": "pgup", "pagedown": "pgdn", "colon": ":"}  # fmt: skip
 
     def bound(*classes: type) -> set[str]:
         out = set()
@@ -848,12 +853,19 @@ def test_the_help_names_every_key_of_each_screen() -> None:
                     out |= {names.get(k, k) for k in binding.key.split(",")}
         return out
 
+    # The command line's own keys (its commands are words, not keys).
+    line_keys = guide.COMMAND_LINE[-1:]
+    line = [CommandLineHost, CommandLine]
     screens = [
-        (ExecutionsScreen, guide.MOVING + guide.EXECUTIONS, [ExecutionList, RowList]),
+        (
+            ExecutionsScreen,
+            guide.MOVING + guide.EXECUTIONS + line_keys,
+            [ExecutionList, RowList, *line],
+        ),
         (
             ExecutionDetailScreen,
-            guide.MOVING + guide.DETAIL,
-            [EventLog, RowList, ChildrenTree, KeyScroll],
+            guide.MOVING + guide.DETAIL + line_keys,
+            [EventLog, RowList, ChildrenTree, KeyScroll, *line],
         ),
         (ComponentsScreen, guide.COMPONENTS, []),
         (ObeliskApp, guide.EVERYWHERE, []),
