@@ -1356,7 +1356,20 @@ def machine() -> dict[str, Any]:
     }
 
 
-PHASES = ("build", "first-frame", "interact", "reload", "flow", "embedded-flow", "tmux")
+PHASES = (
+    "build",
+    "first-frame",
+    "interact",
+    "reload",
+    "flow",
+    "embedded-flow",
+    "live-cpu",
+    "detail",
+    "tmux",
+    "rss",
+)
+#: Not run unless asked for (`--only`; tmux also by `--tmux`).
+OPT_IN = {"tmux", "rss"}
 
 
 @contextlib.contextmanager
@@ -1384,6 +1397,11 @@ def main(argv: list[str] | None = None) -> int:
         "--flow-seconds", type=float, default=30.0, help="measured window while flowing (30)"
     )
     p.add_argument("--idle-seconds", type=float, default=10.0, help="measured idle window (10)")
+    p.add_argument(
+        "--samples", type=int, default=60, help="enter → detail samples (detail phase, 60)"
+    )
+    p.add_argument("--minutes", type=float, default=60.0, help="length of the rss phase (60)")
+    p.add_argument("--sample-seconds", type=float, default=60.0, help="rss sampling period (60)")
     p.add_argument("--data-dir", type=Path, help="parent of the temporary directories")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     # child processes
@@ -1397,7 +1415,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child_main(args)
 
-    phases = set(args.only.split(",")) if args.only else set(PHASES) - {"tmux"}
+    phases = set(args.only.split(",")) if args.only else set(PHASES) - OPT_IN
     if args.tmux:
         phases.add("tmux")
     unknown = phases - set(PHASES)
@@ -1410,6 +1428,17 @@ def main(argv: list[str] | None = None) -> int:
             print(text, flush=True)
 
     with workdir(args.data_dir) as tmp:
+        if "rss" in phases:  # the demo deployment: no database to build
+            from bench.console_live import phase_rss
+
+            results["rss"] = phase_rss(tmp, args, say)
+            say(f"rss: {json.dumps({k: v for k, v in results['rss'].items() if k != 'samples'})}")
+            phases.discard("rss")
+            if not phases:
+                results["machine"]["load_avg_end"] = os.getloadavg()
+                if args.json:
+                    print(json.dumps(results))
+                return 0
         base = args.db or tmp / "base"
         deployment = base / "deployment" / "deployment.toml"
         data = base / "data"
