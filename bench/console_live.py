@@ -26,7 +26,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -75,6 +77,9 @@ class TmuxConsole:
             cwd=REPO,
             env={**os.environ, "TERM": "xterm-256color"},
         ).stdout
+
+    def send(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", self.session, *keys)
 
     def capture(self) -> str:
         try:
@@ -272,3 +277,253 @@ def rss_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "anon_end_mib": mib(end["RssAnon"]),
         "died": len(live) < len(samples),
     }
+
+
+# ---------------------------------------------------------------------------------------
+# live-cpu: the console's own CPU at 100 executions/s, live and frozen
+# ---------------------------------------------------------------------------------------
+
+
+async def child_live_cpu(args: argparse.Namespace) -> dict[str, Any]:
+    """The console attached to a server through which executions flow (the parent
+    submits): a live window, a frozen one (space), a live one again."""
+    from bench.console import Probe, _measure_window, console
+    from obelisk_tui.backend import RestBackend
+
+    probe = Probe()
+    probe.install()
+    milestones: dict[str, float] = {}
+
+    async def connect() -> Any:
+        return await RestBackend.connect(args.url, None)
+
+    out: dict[str, Any] = {}
+    async with console(connect, probe, milestones) as (app, pilot):
+        probe.start_lag_monitor()
+        await pilot.pause(3.0)
+        out["live"] = await _measure_window(probe, args.flow_seconds)
+        await pilot.press("space")
+        assert app.frozen
+        await pilot.pause(2.0)
+        out["frozen"] = await _measure_window(probe, args.flow_seconds)
+        await pilot.press("space")
+        assert not app.frozen
+        await pilot.pause(2.0)
+        out["live_again"] = await _measure_window(probe, args.flow_seconds)
+    return out
+
+
+def _tmux_windows(c: TmuxConsole, seconds: float) -> dict[str, Any]:
+    """The real console's CPU (% of one core) over live, frozen (space), live windows."""
+
+    def window(name: str) -> dict[str, Any]:
+        cpu0, t0 = proc_cpu(c.pid), time.perf_counter()
+        first = listed_total(c.capture())
+        time.sleep(seconds)
+        cpu1, t1 = proc_cpu(c.pid), time.perf_counter()
+        return {
+            "window": name,
+            "seconds": round(t1 - t0, 1),
+            "cpu_percent_of_one_core": round(100 * (cpu1 - cpu0) / (t1 - t0), 1),
+            "listed_first_last": [first, listed_total(c.capture())],
+            "load1": round(os.getloadavg()[0], 2),
+        }
+
+    out = {"live": window("live")}
+    c.send("space")
+    time.sleep(2.0)
+    out["frozen"] = window("frozen")
+    c.send("space")
+    time.sleep(2.0)
+    out["live_again"] = window("live")
+    return out
+
+
+def phase_live_cpu(
+    deployment: Path, data: Path, args: argparse.Namespace, say: Any
+) -> dict[str, Any]:
+    from bench.console import _child_cmd, submit_flow
+
+    server = Server(deployment, data)
+    consoles: list[TmuxConsole] = []
+    try:
+
+        async def drive() -> dict[str, Any]:
+            stop = asyncio.Event()
+            counts: dict[str, int] = {}
+            flow = asyncio.ensure_future(submit_flow(server.url, args.rate, stop, counts))
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(3.0)  # the flow reaches its rate
+            out: dict[str, Any] = {}
+
+            def measured(what: str, run: Any) -> dict[str, Any]:
+                s0, n0, w0 = proc_cpu(server.proc.pid), counts.get("ok", 0), time.perf_counter()
+                result: dict[str, Any] = run()
+                s1, n1, w1 = proc_cpu(server.proc.pid), counts.get("ok", 0), time.perf_counter()
+                result["driver"] = {
+                    "submitted_per_s": round((n1 - n0) / (w1 - w0), 1),
+                    "failed_submissions": counts.get("failed", 0),
+                    "server_cpu_percent": round(100 * (s1 - s0) / (w1 - w0), 1),
+                    "load": [round(x, 2) for x in os.getloadavg()],
+                }
+                say(f"live-cpu ({what}): {json.dumps(result)}")
+                return result
+
+            def headless() -> dict[str, Any]:
+                cmd = _child_cmd(
+                    "live-cpu", deployment, data, url=server.url, flow_seconds=args.flow_seconds
+                )
+                proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+                for line in proc.stdout.splitlines():
+                    if line.startswith("RESULT "):
+                        return json.loads(line[len("RESULT ") :])  # type: ignore[no-any-return]
+                raise SystemExit(f"live-cpu child failed:\n{proc.stdout[-3000:]}\n{proc.stderr}")
+
+            def tmux() -> dict[str, Any]:
+                c = TmuxConsole(f"live-cpu-{os.getpid()}", ["--attach", server.url])
+                consoles.append(c)
+                up = c.wait_rows(120)
+                time.sleep(3.0)
+                result = _tmux_windows(c, args.flow_seconds)
+                result["start_to_rows_s"] = up
+                c.stop()
+                return result
+
+            out["headless"] = await loop.run_in_executor(None, measured, "headless", headless)
+            out["tmux"] = await loop.run_in_executor(None, measured, "tmux", tmux)
+            stop.set()
+            await flow
+            return out
+
+        return asyncio.run(drive())
+    finally:
+        for c in consoles:
+            c.stop()
+        server.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# detail: enter → detail filled
+# ---------------------------------------------------------------------------------------
+
+
+def detail_targets(total: int, samples: int, seed: int = 24) -> list[int]:
+    """Row indexes: a third among the first rows (what an operator opens most), a third
+    within the first ~1,000, a third anywhere in the list."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(samples):
+        if i % 3 == 0:
+            out.append(rng.randrange(0, min(total, 40)))
+        elif i % 3 == 1:
+            out.append(rng.randrange(0, min(total, 1000)))
+        else:
+            out.append(rng.randrange(0, total))
+    return out
+
+
+async def child_detail(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.console import Probe, console, summary, visible_loaded, wait_for
+    from obelisk_tui.backend import EmbeddedBackend
+
+    probe = Probe()
+    probe.install()
+    milestones: dict[str, float] = {}
+
+    async def connect() -> Any:
+        return await EmbeddedBackend.start(args.deployment, args.data)
+
+    out: dict[str, Any] = {}
+    async with console(connect, probe, milestones) as (app, pilot):
+        from obelisk_tui.screens.detail import ExecutionDetailScreen
+        from obelisk_tui.screens.executions import ExecutionsScreen
+        from obelisk_tui.widgets.event_log import EventLog
+        from obelisk_tui.widgets.execution_list import ExecutionList
+
+        home = app.screen
+        assert isinstance(home, ExecutionsScreen)
+        lst = home.query_one(ExecutionList)
+        await pilot.pause(1.0)
+        probe.start_lag_monitor()
+        samples: list[dict[str, Any]] = []
+        for index in detail_targets(lst.total, args.samples):
+            probe.label = "cursor"
+            ready = probe.expect(
+                lambda index=index: (
+                    lst.cursor == index and lst.row(index) is not None and visible_loaded(lst)
+                )
+            )
+            lst.move_cursor(index)
+            await wait_for(ready, 30, f"row {index}")
+            await pilot.pause(0.2)
+            info = lst.row(index)
+            assert info is not None
+            eid = info["execution_id"]
+
+            cpu_at: list[float] = []
+
+            def filled(eid: str = eid, cpu_at: list[float] = cpu_at) -> bool:
+                screen = app.screen
+                if not (isinstance(screen, ExecutionDetailScreen) and screen.execution_id == eid):
+                    return False
+                shown = screen.info
+                log = screen.query_one(EventLog)
+                done = (
+                    shown is not None
+                    and len(log.events) == shown["next_version"]
+                    and eid in str(screen.query_one("#detail-title").visual)
+                )
+                if done:
+                    cpu_at.append(time.thread_time())
+                return done
+
+            probe.label = "enter"
+            cpu0 = time.thread_time()
+            t0 = time.perf_counter()
+            fut = probe.expect(filled)
+            await pilot.press("enter")
+            took = await wait_for(fut, 30, f"detail of {eid}") - t0
+            screen = app.screen
+            assert isinstance(screen, ExecutionDetailScreen)
+            samples.append(
+                {
+                    "index": index,
+                    "ffqn": info["ffqn"],
+                    "events": len(screen.events),
+                    "children": info.get("children") or 0,
+                    "ms": round(1000 * took, 1),
+                    # The main thread's CPU meanwhile (the engine's SQLite reads are
+                    # in other threads): what the wall time is on a quiet machine.
+                    "main_cpu_ms": round(1000 * (cpu_at[0] - cpu0), 1),
+                }
+            )
+            probe.label = "esc"
+            back = probe.expect(lambda: app.screen is home and visible_loaded(lst))
+            await pilot.press("escape")
+            await wait_for(back, 30, "the list again")
+            await pilot.pause(0.3)
+        times = [s["ms"] / 1000 for s in samples]
+        out["enter_to_detail"] = {**summary(times), "p95": percentile(times, 95)}
+        cpu = [s["main_cpu_ms"] / 1000 for s in samples]
+        out["main_thread_cpu"] = {**summary(cpu), "p95": percentile(cpu, 95)}
+        out["load_avg"] = os.getloadavg()
+        out["slowest"] = sorted(samples, key=lambda s: -s["ms"])[:5]
+        out["by_ffqn"] = {
+            ffqn: summary([s["ms"] / 1000 for s in samples if s["ffqn"] == ffqn])
+            for ffqn in sorted({s["ffqn"] for s in samples})
+        }
+        out["loop_stalls"] = summary(probe.lags)
+        out["slow"] = probe.slow[:20]
+        out["samples"] = samples
+    return out
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """The nearest-rank p-th percentile, in ms."""
+    if not values:
+        return None
+    v = sorted(values)
+    return round(1000 * v[max(0, min(len(v) - 1, math.ceil(p / 100 * len(v)) - 1))], 1)
+
+
+CHILDREN = {"live-cpu": child_live_cpu, "detail": child_detail}
