@@ -2,10 +2,13 @@
 hot reload. Run by hand (not a test); results in docs/benchmarks.md ("Console").
 
     .venv/bin/python -m bench.console [--count 100000] [--only PHASES] [--db DIR]
-        [--runs 3] [--rate 100] [--flow-seconds 30] [--tmux] [--data-dir DIR] [--json]
+        [--runs 3] [--rate 100] [--flow-seconds 30] [--samples 60] [--tmux]
+        [--minutes 60] [--sample-seconds 60] [--data-dir DIR] [--json]
 
-Phases (`--only build,first-frame,interact,reload,flow,embedded-flow,tmux`; default: all
-but tmux, which needs /usr/bin/tmux and is added by `--tmux`):
+Phases (`--only build,first-frame,interact,reload,flow,embedded-flow,live-cpu,detail,tmux,
+rss`; default: all but tmux, which needs /usr/bin/tmux and is added by `--tmux`, and rss,
+which takes `--minutes`). live-cpu, detail and rss are in `bench/console_live.py` (its
+docstring says what they measure):
 
 * build — a deployment (the WAT activity of `tests.fixtures.components`, a JS activity,
   a stub, two JS workflows) and a database of `--count` executions in a mix of states,
@@ -34,8 +37,12 @@ but tmux, which needs /usr/bin/tmux and is added by `--tmux`):
   CPU (all its threads, per thread too), its list refreshes and the gaps between them.
 * embedded-flow — the same rate submitted into the engine the console embeds (one
   process): refreshes and the process's CPU, split by thread.
+* live-cpu — the console's own CPU (% of one core) at `--rate`/s, live / frozen / live:
+  headless and the real `obelisk-tui --attach` in tmux, both attached to a server.
+* detail — enter → the detail screen filled, `--samples` times, with 100k executions.
 * tmux — the real `obelisk-tui --deployment` in a 160×45 tmux pane: spawn → the first
   screen showing rows (polling `capture-pane` every 10 ms).
+* rss — the real console on the demo with demo traffic for `--minutes`: RSS every minute.
 
 Headless frames: Textual's headless driver skips the ANSI encoding of each update, so the
 probe does it (`CompositorUpdate.render_segments`, the string a terminal would be sent)
@@ -432,7 +439,8 @@ def copy_data(src: Path, dst: Path) -> Path:
     """A copy of a data dir (the database; the compiled-components cache stays shared)."""
     dst.mkdir(parents=True, exist_ok=True)
     for p in src.glob("obelisk.sqlite*"):
-        shutil.copy2(p, dst / p.name)
+        if p.is_file():  # not the engine's directories beside it (`-peers`, `-executors`)
+            shutil.copy2(p, dst / p.name)
     cache = src / "cache"
     if cache.is_symlink():
         (dst / "cache").symlink_to(os.readlink(cache), target_is_directory=True)
@@ -679,7 +687,8 @@ async def console(
         lst = screen.query_one(ExecutionList)
         return bool(lst.rows) and visible_loaded(lst)
 
-    app = ObeliskApp(timed_connect, what="bench")
+    # As `obelisk-tui` runs it: the start-up objects frozen, the server's GC thresholds.
+    app = ObeliskApp(timed_connect, what="bench", tune_gc=True)
     first = probe.expect(shows_rows)
     milestones["app_created"] = time.time()
     async with app.run_test(size=SIZE) as pilot:
@@ -1083,7 +1092,12 @@ def child_main(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, filename=str(Path(args.data) / "bench-console.log"))
-    result = asyncio.run(CHILDREN[args.child](args))
+    children = dict(CHILDREN)
+    if args.child not in children:
+        from bench.console_live import CHILDREN as LIVE_CHILDREN
+
+        children.update(LIVE_CHILDREN)
+    result = asyncio.run(children[args.child](args))
     print("RESULT " + json.dumps(result), flush=True)
     os._exit(0)  # engine threads of a stopped app must not hold the exit
 
@@ -1356,7 +1370,20 @@ def machine() -> dict[str, Any]:
     }
 
 
-PHASES = ("build", "first-frame", "interact", "reload", "flow", "embedded-flow", "tmux")
+PHASES = (
+    "build",
+    "first-frame",
+    "interact",
+    "reload",
+    "flow",
+    "embedded-flow",
+    "live-cpu",
+    "detail",
+    "tmux",
+    "rss",
+)
+#: Not run unless asked for (`--only`; tmux also by `--tmux`).
+OPT_IN = {"tmux", "rss"}
 
 
 @contextlib.contextmanager
@@ -1384,10 +1411,15 @@ def main(argv: list[str] | None = None) -> int:
         "--flow-seconds", type=float, default=30.0, help="measured window while flowing (30)"
     )
     p.add_argument("--idle-seconds", type=float, default=10.0, help="measured idle window (10)")
+    p.add_argument(
+        "--samples", type=int, default=60, help="enter → detail samples (detail phase, 60)"
+    )
+    p.add_argument("--minutes", type=float, default=60.0, help="length of the rss phase (60)")
+    p.add_argument("--sample-seconds", type=float, default=60.0, help="rss sampling period (60)")
     p.add_argument("--data-dir", type=Path, help="parent of the temporary directories")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     # child processes
-    p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    p.add_argument("--child", help=argparse.SUPPRESS)  # CHILDREN, console_live.CHILDREN
     p.add_argument("--deployment", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--spawned-at", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -1397,7 +1429,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child_main(args)
 
-    phases = set(args.only.split(",")) if args.only else set(PHASES) - {"tmux"}
+    phases = set(args.only.split(",")) if args.only else set(PHASES) - OPT_IN
     if args.tmux:
         phases.add("tmux")
     unknown = phases - set(PHASES)
@@ -1410,6 +1442,17 @@ def main(argv: list[str] | None = None) -> int:
             print(text, flush=True)
 
     with workdir(args.data_dir) as tmp:
+        if "rss" in phases:  # the demo deployment: no database to build
+            from bench.console_live import phase_rss
+
+            results["rss"] = phase_rss(tmp, args, say)
+            say(f"rss: {json.dumps({k: v for k, v in results['rss'].items() if k != 'samples'})}")
+            phases.discard("rss")
+            if not phases:
+                results["machine"]["load_avg_end"] = os.getloadavg()
+                if args.json:
+                    print(json.dumps(results))
+                return 0
         base = args.db or tmp / "base"
         deployment = base / "deployment" / "deployment.toml"
         data = base / "data"
@@ -1459,6 +1502,16 @@ def main(argv: list[str] | None = None) -> int:
                 flow_seconds=args.flow_seconds,
             )
             say(f"flow (embedded): {json.dumps(results['embedded_flow'])}")
+        if "live-cpu" in phases:
+            from bench.console_live import phase_live_cpu
+
+            dep, dat = fresh("live-cpu")
+            results["live_cpu"] = phase_live_cpu(dep, dat, args, say)
+        if "detail" in phases:
+            dep, dat = fresh("detail")
+            results["detail"] = run_child("detail", dep, dat, samples=args.samples)
+            d = results["detail"]
+            say(f"detail: {json.dumps({k: v for k, v in d.items() if k != 'samples'})}")
         if "tmux" in phases:
             dep, dat = fresh("tmux")
             results["tmux"] = phase_tmux(dep, dat, args.runs)

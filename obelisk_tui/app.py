@@ -258,6 +258,11 @@ class ObeliskApp(App[None]):
                 forced = True  # whatever happened meanwhile: show it
             changed, generation = new != generation, new
             if not forced and (not changed or self.frozen):
+                if changed:  # frozen: nothing to show until unfrozen (`request_refresh`);
+                    # following each commit meanwhile was a poll per commit, hundreds a
+                    # second at 100 executions/s (`bench/console.py --only live-cpu`).
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._refresh_wanted.wait(), 1.0)
                 continue
             # Throttle: at most MAX_REFRESH_HZ refreshes; what arrives meanwhile is
             # picked up by the next one (the generation only grows).

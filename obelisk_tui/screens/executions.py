@@ -76,7 +76,7 @@ class ExecutionsScreen(CommandLineHost):
         self.load()
 
     def on_tick(self, _: Tick) -> None:
-        self.query_one(ExecutionList).refresh()  # relative times
+        self.query_one(ExecutionList).tick()  # relative times
 
     def on_screen_resume(self) -> None:
         self.load()
