@@ -50,10 +50,19 @@ def reload_summary(reload: dict[str, Any]) -> str:
     return text
 
 
+def reload_role(reload: dict[str, Any]) -> str:
+    """The summary's colour role: a reload that left executions on the old version
+    (failed upgrades) is a warning, not a plain success."""
+    if not reload.get("ok"):
+        return "error"
+    upgrades = reload.get("upgrades") or []
+    return "warning" if any(u.get("outcome") == "failed" for u in upgrades) else "ok"
+
+
 def render_reload(reload: dict[str, Any]) -> RenderableType:
     ok = bool(reload.get("ok"))
     parts: list[RenderableType] = [
-        Text(reload_summary(reload), style="bold " + COLOURS["ok" if ok else "error"])
+        Text(reload_summary(reload), style="bold " + COLOURS[reload_role(reload)])
     ]
     if not ok and reload.get("error"):
         parts.append(Text(str(reload["error"]), style=COLOURS["error"]))

@@ -544,3 +544,13 @@ def test_the_detail_title_keeps_the_ffqn() -> None:
     )
     assert eid.endswith(".o:1-approve_1") and ffqn.endswith("approval.approve")
     assert len(" pending ") + 1 + len(eid) + 2 + len(ffqn) + len(parent) <= 80
+
+
+def test_a_reload_that_kept_executions_on_the_old_version_is_a_warning() -> None:
+    from obelisk_tui.screens.components import reload_role
+
+    ok = {"ok": True, "upgrades": [{"outcome": "success"}]}
+    kept = {"ok": True, "upgrades": [{"outcome": "success"}, {"outcome": "failed"}]}
+    assert reload_role(ok) == "ok"
+    assert reload_role(kept) == "warning"
+    assert reload_role({"ok": False}) == "error"
