@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Header, Static
+from textual.widgets import DataTable, Static
 
 from engine.client import ApiError
 from engine.views import ComponentInfo, DeploymentInfo, upgrades_unchecked
@@ -21,6 +21,7 @@ from obelisk_tui.messages import DataChanged, DeploymentReloaded
 from obelisk_tui.palette import COLOURS
 from obelisk_tui.screens.base import HEADER_ICON, ObeliskScreenMixin
 from obelisk_tui.widgets.breadcrumb import Breadcrumb
+from obelisk_tui.widgets.header import ObeliskHeader
 from obelisk_tui.widgets.key_footer import KeyFooter
 
 
@@ -147,7 +148,7 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
         self.deployment: DeploymentInfo | None = None
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False, icon=HEADER_ICON)
+        yield ObeliskHeader(show_clock=False, icon=HEADER_ICON)
         yield Breadcrumb(id="breadcrumb")
         yield Static(id="reload-status")
         table: DataTable[str] = DataTable(id="components", cursor_type="row", zebra_stripes=True)

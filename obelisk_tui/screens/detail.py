@@ -9,7 +9,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Header, Static, TabbedContent, TabPane, Tree
+from textual.widgets import Static, TabbedContent, TabPane, Tree
 
 from engine.client import ApiError
 from engine.views import (
@@ -29,6 +29,7 @@ from obelisk_tui.screens.run_command import CommandLineHost
 from obelisk_tui.widgets.breadcrumb import Breadcrumb
 from obelisk_tui.widgets.children_tree import ChildrenTree
 from obelisk_tui.widgets.event_log import EventLog
+from obelisk_tui.widgets.header import ObeliskHeader
 from obelisk_tui.widgets.key_footer import KeyFooter
 from obelisk_tui.widgets.key_scroll import KeyScroll
 from obelisk_tui.widgets.log_view import LogView
@@ -105,7 +106,7 @@ class ExecutionDetailScreen(CommandLineHost):
         return self.execution_id
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False, icon=HEADER_ICON)
+        yield ObeliskHeader(show_clock=False, icon=HEADER_ICON)
         yield Breadcrumb(id="breadcrumb")
         yield Static(id="detail-title")
         with TabbedContent(id="tabs", initial="state"):

@@ -8,7 +8,7 @@ from dataclasses import replace
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Header, Input, Static
+from textual.widgets import Input, Static
 
 from engine.api_types import ListOrder
 from engine.client import ApiError
@@ -20,6 +20,7 @@ from obelisk_tui.screens import actions
 from obelisk_tui.screens.base import HEADER_ICON
 from obelisk_tui.screens.run_command import CommandLineHost
 from obelisk_tui.widgets.execution_list import ExecutionList
+from obelisk_tui.widgets.header import ObeliskHeader
 from obelisk_tui.widgets.key_footer import KeyFooter
 from obelisk_tui.widgets.state_counts import StateCounts
 
@@ -55,7 +56,7 @@ class ExecutionsScreen(CommandLineHost):
         self._title_total: int | None = None
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False, icon=HEADER_ICON)
+        yield ObeliskHeader(show_clock=False, icon=HEADER_ICON)
         yield StateCounts(self.obelisk.throughput, id="counts")
         yield Static(id="list-title")
         yield Input(
