@@ -395,19 +395,26 @@ async def make(out: Path, wanted: set[str], traffic_seconds: int, mix_seconds: f
     return shots.svgs
 
 
+async def overlay_picture(
+    shots: Shooter, key: str, screen: type[Any], marker: str, name: str
+) -> None:
+    """`key` opens `screen` over the list; shot once it shows `marker`, then closed."""
+    app, pilot = shots.app, shots.pilot
+    await pilot.press(key)
+    await until(
+        pilot,
+        lambda: isinstance(app.screen, screen) and marker in screen_text(app),
+        f"the {name}",
+    )
+    await shots.shoot(name)
+    await pilot.press("escape")
+
+
 async def help_picture(shots: Shooter) -> None:
     """The help, over the list."""
     from obelisk_tui.screens.help import HelpScreen
 
-    app, pilot = shots.app, shots.pilot
-    await pilot.press("question_mark")
-    await until(
-        pilot,
-        lambda: isinstance(app.screen, HelpScreen) and "Filter" in screen_text(app),
-        "the help",
-    )
-    await shots.shoot("help")
-    await pilot.press("escape")
+    await overlay_picture(shots, "question_mark", HelpScreen, "Filter", "help")
 
 
 #: The states the list's picture shows at once (the STATE column's beginnings), if the
@@ -555,15 +562,7 @@ async def detail_pictures(shots: Shooter, ids: dict[str, str]) -> None:
 async def components_picture(shots: Shooter) -> None:
     from obelisk_tui.screens.components import ComponentsScreen
 
-    app, pilot = shots.app, shots.pilot
-    await pilot.press("C")
-    await until(
-        pilot,
-        lambda: isinstance(app.screen, ComponentsScreen) and "started" in screen_text(app),
-        "the components",
-    )
-    await shots.shoot("components")
-    await pilot.press("escape")
+    await overlay_picture(shots, "C", ComponentsScreen, "started", "components")
 
 
 async def submit_picture(shots: Shooter) -> None:

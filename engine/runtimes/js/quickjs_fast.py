@@ -234,24 +234,21 @@ def _fast_memory(inst: Any) -> None:
             raise GuestMemoryError(f"out-of-range guest read ptr={ptr} len={length}")
         return string_at(data(context, memory) + ptr, length)
 
+    def write_at(ptr: int, payload: bytes) -> None:
+        """Copy `payload` to guest memory the caller allocated (`ptr` from `qjs_alloc`)."""
+        address = ptr & 0xFFFFFFFF  # an i32: above 2 GiB it comes back negative
+        if address + len(payload) > size(context, memory):
+            raise IndexError("index out of range")
+        memmove(data(context, memory) + address, payload, len(payload))
+
     def alloc_write(payload: bytes) -> int:
         n = len(payload)
         p = c("qjs_alloc", n)
         if p == 0 and n > 0:
             raise GuestMemoryError("qjs_alloc returned null")
         if n:
-            address = p & 0xFFFFFFFF  # an i32: above 2 GiB it comes back negative
-            if address + n > size(context, memory):
-                raise IndexError("index out of range")
-            memmove(data(context, memory) + address, payload, n)
+            write_at(p, payload)
         return int(p)
-
-    def write_at(ptr: int, payload: bytes) -> None:
-        """Copy `payload` to guest memory the caller allocated (`ptr` from `qjs_alloc`)."""
-        address = ptr & 0xFFFFFFFF
-        if address + len(payload) > size(context, memory):
-            raise IndexError("index out of range")
-        memmove(data(context, memory) + address, payload, len(payload))
 
     inst.read = read
     inst.alloc_write = alloc_write
