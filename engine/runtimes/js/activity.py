@@ -87,10 +87,9 @@ import threading
 import time
 import traceback
 from collections.abc import Awaitable
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from urllib.parse import urljoin, urlsplit
 
-import aiohttp
 import wasmtime
 from quickjs_rs import (
     DeadlockError,
@@ -135,6 +134,9 @@ from engine.runtimes.outcome import (
     RunTimedOut,
     RunTrap,
 )
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "DEFAULT_LOAD_TIMEOUT",
@@ -455,6 +457,9 @@ class _Sandbox:
         return scheme, host, effective
 
     async def _get_session(self) -> aiohttp.ClientSession:
+        import aiohttp  # at the first fetch: loading it (CA certificates) took 0.1-0.2 s of
+        # every engine start, for the JS activities that fetch nothing
+
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
@@ -464,6 +469,8 @@ class _Sandbox:
     async def _host_fetch(
         self, url: Any, method: Any, headers: Any, body: Any, redirect: Any
     ) -> dict[str, Any]:
+        import aiohttp
+
         try:
             return await self._fetch(str(url), str(method), headers, body, str(redirect))
         except _FetchError as e:
@@ -491,6 +498,8 @@ class _Sandbox:
             data = str(body).encode()
             if not any(k.lower() == "content-type" for k, _ in header_pairs):
                 header_pairs.append(("content-type", "text/plain;charset=UTF-8"))
+        import aiohttp
+
         redirected = False
         current = url
         for _hop in range(_MAX_REDIRECTS + 1):
