@@ -123,6 +123,7 @@ class Engine:
         processes: int = 1,
         shard: int | None = None,
         on_progress: LoadProgress | None = None,
+        finish_later: bool = False,
     ) -> Engine:
         """Load the deployment, open the database, start executors and the watcher.
 
@@ -142,6 +143,9 @@ class Engine:
         Raises DeploymentError / StorageError with a message naming the culprit; nothing
         is started when anything fails. `on_progress` hears of each component as it loads
         (`engine.components.LoadProgress`: a console shows a first start's compiling).
+        With `finish_later`, what serving does not wait for — the start's count of
+        executions of functions the deployment does not export, and the file watcher's
+        start — begins on `finish_start()` (or 2 s later: `ReloadManager.start`).
         """
         data = Path(data_dir)
         choice = choose_storage(data, database_url=database_url, shard=shard, processes=processes)
@@ -174,7 +178,7 @@ class Engine:
         engine.reloader.add_listener(source_saver(engine))  # and after each reload
         engine.run_executors = run_executors
         try:
-            await engine._start_parts(run_executors, run_watcher, watch)
+            await engine._start_parts(run_executors, run_watcher, watch, finish_later)
         except BaseException as e:
             # Stop what did start (executors, watcher, threads, the storage's writer):
             # left running, they keep the process from exiting.
@@ -194,14 +198,21 @@ class Engine:
             opened.set_available(lambda index: index == 0 or helpers.alive(index - 1))
         return engine
 
-    async def _start_parts(self, run_executors: bool, run_watcher: bool, watch: bool) -> None:
+    async def _start_parts(
+        self, run_executors: bool, run_watcher: bool, watch: bool, finish_later: bool = False
+    ) -> None:
         """Executors, the timers watcher, the cancellation driver and the reloader."""
         if run_executors:
             self._start_executors()
         if run_watcher:
             self.watcher.start()
             self.canceller.start()
-        await self.reloader.start(watch=watch)
+        await self.reloader.start(watch=watch, defer=finish_later)
+
+    def finish_start(self) -> None:
+        """Begin what `start(finish_later=True)` left for later (a console: once its
+        first rows are drawn)."""
+        self.reloader.finish_start()
 
     async def _start_helpers(
         self, choice: StorageChoice, deployment_path: Path, cpus: list[set[int]] | None

@@ -304,13 +304,18 @@ class ReloadManager:
         self._revive_task: asyncio.Task[None] | None = None
         self._revive_again = False
         self._stopping = False
+        #: A deferred start's report and watcher (`start(defer=True)`), and what lets it go.
+        self._start_task: asyncio.Task[None] | None = None
+        self._finish_start = asyncio.Event()
 
     # -- public ---------------------------------------------------------------------------
     def status(self) -> ReloadStatus:
         return self._status
 
     async def current_status(self) -> ReloadStatus:
-        """The last status, with `pinned` and `orphaned` counted now."""
+        """The last status, with `pinned` and `orphaned` counted now (after a deferred
+        start's report: the answer names what the start found)."""
+        await self.finished_start()
         status = msgspec.structs.replace(self._status, pinned=await self._pinned_summary())
         return await self._with_orphaned(status, self.engine.registry, ())
 
@@ -325,9 +330,18 @@ class ReloadManager:
     def pinned_executors(self) -> dict[str, BaseExecutor]:
         return dict(self._pinned)
 
-    async def start(self, *, watch: bool) -> None:
+    async def start(self, *, watch: bool, defer: bool = False) -> None:
         """Report the start (reconciling executions pinned by an earlier process), then
-        watch the files when `watch`."""
+        watch the files when `watch`.
+
+        With `defer`, the report's count of unfinished executions of functions the
+        deployment does not export (a scan of every unfinished execution) and the
+        watcher's start are left to a task that begins on `finish_start()` (a front end
+        calls it once it has drawn what it needs first) or `FINISH_START_AFTER` seconds
+        later. The reconciling stays here: pinned executions get their executors before
+        `start` returns. Reloads wait for the deferred report (it holds the lock, taken
+        here), so none is published before it, and `current_status()` waits for it; a
+        file edited meanwhile is reloaded once the watcher starts (`_changed_since_load`)."""
         t0 = time.monotonic()
         self._fingerprints = self._snapshot(self._watched_files())
         upgrades: list[UpgradeResult] = []
@@ -340,18 +354,54 @@ class ReloadManager:
             except StorageError as e:
                 log.error("checking pinned executions at start: %s", e)
         pinned = await self._pinned_summary()
-        orphaned = await self._orphaned(self.engine.registry, None)
         status = self._make_status("start", True, None, t0, upgrades=upgrades, pinned=pinned)
-        self._publish(msgspec.structs.replace(status, orphaned=orphaned))
+        if defer:
+            await self._lock.acquire()  # released by the task once it has reported
+            self._start_task = asyncio.create_task(
+                self._deferred_start(status, watch), name="deferred start report"
+            )
+            return
+        await self._report_start(status)
         if watch:
             self._watch_task = asyncio.create_task(self._watch_loop(), name="deployment watcher")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
                     await self._watching.wait()
 
+    #: A deferred start's report begins at the latest this many seconds after the start.
+    FINISH_START_AFTER = 2.0
+
+    def finish_start(self) -> None:
+        """Let a deferred start's report and watcher begin now (`start(defer=True)`)."""
+        self._finish_start.set()
+
+    async def finished_start(self) -> None:
+        """Once a deferred start has reported (at once when the start was not deferred)."""
+        task = self._start_task
+        if task is not None and not task.done():
+            self._finish_start.set()
+            await asyncio.shield(task)
+
+    async def _report_start(self, status: ReloadStatus) -> None:
+        orphaned = await self._orphaned(self.engine.registry, None)
+        self._publish(msgspec.structs.replace(status, orphaned=orphaned))
+
+    async def _deferred_start(self, status: ReloadStatus, watch: bool) -> None:
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.FINISH_START_AFTER):
+                    await self._finish_start.wait()
+            await self._report_start(status)
+        finally:
+            self._lock.release()
+            if watch and not self._stopping:
+                self._watch_task = asyncio.create_task(
+                    self._watch_loop(), name="deployment watcher"
+                )
+
     async def stop(self) -> None:
         self._stopping = True
-        for task in (self._watch_task, self._retire_task, self._revive_task):
+        for task in (self._start_task, self._watch_task, self._retire_task, self._revive_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -112,6 +112,8 @@ def source_saver(engine: EngineParts) -> Callable[[Any], None]:
             log.warning("could not store component sources after a reload: %s", e)
 
     def on_reload(status: Any) -> None:
+        if getattr(status, "trigger", None) == "start":
+            return  # `Engine.start` stored this registry's sources before it started
         if getattr(status, "ok", True):
             task = asyncio.get_running_loop().create_task(save())
             tasks.add(task)
