@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual._context import active_message_pump  # noqa: PLC2701 (textual internals, version pinned)
@@ -36,8 +36,13 @@ from obelisk_tui.commands import ExecutionCommands, ScreenCommands
 from obelisk_tui.messages import DataChanged, DeploymentReloaded, Restyled, Tick
 from obelisk_tui.screens.components import reload_summary
 
+if TYPE_CHECKING:
+    from obelisk_tui.screens.executions import ExecutionsScreen
+
 #: At most this many refreshes per second, however fast executions flow.
 MAX_REFRESH_HZ = 2.0
+#: The start's deferred work waits at most this many seconds for the list's first rows.
+FIRST_ROWS_WAIT = 2.0
 
 log = logging.getLogger("obelisk.console")
 
@@ -144,20 +149,34 @@ class ObeliskApp(App[None]):
         self.sub_title = self.backend.label
         from obelisk_tui.screens.executions import ExecutionsScreen
 
-        await self.switch_screen(ExecutionsScreen())
+        executions = ExecutionsScreen()
+        await self.switch_screen(executions)
         if self._tune_gc:
             # What was allocated so far lives for the whole session: out of the
             # collector's way, and its later passes rarer (much is allocated per refresh).
             gc.freeze()
             tune_gc()
         if self.live:
-            self.follow_changes()
-            self.follow_reloads()
+            self.follow_changes()  # from the generation now: the list's first load is newer
             self.set_interval(1.0, self._tick)
             self.set_interval(1.0, self.sample_throughput)
-            self.sample_throughput()  # the baseline
+        self._after_first_rows(executions)
         if self._on_connected is not None:
             await self._on_connected(self)
+
+    @work(group="start")
+    async def _after_first_rows(self, executions: ExecutionsScreen) -> None:
+        """Once the list's first rows are drawn (or `FIRST_ROWS_WAIT` s): the reload
+        follower, the throughput's baseline and an embedded engine's deferred start
+        (its report scan, its file watcher). Begun with the first load, their queries
+        and CPU delayed its rows (they share the engine's one reader connection)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FIRST_ROWS_WAIT):
+                await executions.first_rows.wait()
+        self.backend.finish_start()
+        if self.live:
+            self.follow_reloads()
+            self.sample_throughput()  # the baseline
 
     async def on_unmount(self) -> None:
         for close in self.closers:

@@ -73,6 +73,11 @@ class ConsoleBackend(Protocol):
 
     async def close(self) -> None: ...
 
+    def finish_start(self) -> None:
+        """The console has drawn its first rows: an embedded engine begins what its start
+        left for later (`Engine.start(finish_later=True)`)."""
+        ...
+
     # -- lists --------------------------------------------------------------------------
     async def list_executions(
         self, query: ExecutionQuery, offset: int, limit: int
@@ -160,12 +165,18 @@ class EmbeddedBackend:
         # runtimes (about 130 ms of its start).
         from engine.engine import Engine
 
+        # The start's report scan and file watcher wait for the first rows (`finish_start`):
+        # they would share the CPU and the database's reader with the first list queries.
+        kwargs.setdefault("finish_later", True)
         engine = await Engine.start(deployment, data_dir, **kwargs)
         return cls(engine, label=f"embedded · {Path(deployment)} · {Path(data_dir)}")
 
     async def close(self) -> None:
         if self._owns_engine:
             await self.engine.stop()
+
+    def finish_start(self) -> None:
+        self.engine.finish_start()
 
     async def _call(self, coro: Awaitable[T]) -> T:
         """Await an engine call, turning its refusals into `ApiError` like the API does."""
@@ -278,6 +289,9 @@ class RestBackend:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def finish_start(self) -> None:
+        pass  # the server started on its own
 
     def _client(self) -> aiohttp.ClientSession:
         import aiohttp  # here: an embedded console never needs it (0.1-0.2 s of its start)

@@ -54,6 +54,9 @@ class ExecutionsScreen(CommandLineHost):
         self.query_state = ExecutionQuery()
         self._footer_state: tuple[bool, ...] = ()
         self._title_total: int | None = None
+        #: Set once the first load's rows (or its error) are drawn: the app starts what
+        #: the first frame need not wait for (`ObeliskApp._after_first_rows`).
+        self.first_rows = asyncio.Event()
 
     def compose(self) -> ComposeResult:
         yield ObeliskHeader(show_clock=False, icon=HEADER_ICON)
@@ -97,6 +100,7 @@ class ExecutionsScreen(CommandLineHost):
             )
         except ApiError as e:
             self.obelisk.report_error(e)
+            self.first_rows.set()
             return
         bar = self.query(StateCounts)
         if not (self.is_live and lst.is_attached and bar):  # the app quit (or the
@@ -105,6 +109,8 @@ class ExecutionsScreen(CommandLineHost):
         lst.show_window(total, offset, rows)
         self._update_title(total)
         self._refresh_footer()
+        if not self.first_rows.is_set():
+            self.call_after_refresh(self.first_rows.set)
 
     def _update_title(self, total: int | None = None) -> None:
         if total is not None:

@@ -40,3 +40,31 @@ async def test_the_start_screen_lists_each_component_as_it_loads(tmp_path: Path)
     text = shown[0]
     assert f"components: {len(seen)} of {len(seen)} loaded" in text
     assert 'activity_js "step": ready (' in text
+
+
+async def test_the_engine_finishes_its_start_after_the_first_rows(tmp_path: Path) -> None:
+    """The embedded engine's deferred start (its report of waiting executions, its file
+    watcher) begins once the list's first rows are drawn, and it does begin."""
+    from engine.reload import ReloadStatus
+    from obelisk_tui.screens.executions import ExecutionsScreen
+
+    deployment = write_deployment(tmp_path)
+    reported: list[bool] = []  # at the start's report: were the first rows drawn?
+
+    def on_status(status: ReloadStatus) -> None:
+        if status.trigger == "start":
+            screen = app.screen
+            reported.append(isinstance(screen, ExecutionsScreen) and screen.first_rows.is_set())
+
+    async def connect() -> ConsoleBackend:
+        backend = await EmbeddedBackend.start(deployment, tmp_path / "data")
+        # Only the console's `finish_start()` may let it begin, not the fallback delay.
+        backend.engine.reloader.FINISH_START_AFTER = 120.0
+        backend.engine.reloader.add_listener(on_status)
+        return backend
+
+    app = ObeliskApp(connect, what="test")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: reported != [], what="the start's report")
+        assert reported == [True]
+        assert app.screen_errors == []
