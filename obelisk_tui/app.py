@@ -27,8 +27,8 @@ from textual.widget import Widget
 from textual.widgets import LoadingIndicator, Static
 from textual.worker import WorkerFailed
 
+from engine import gc_tuning
 from engine.client import ApiError, ServerUnreachable
-from engine.gc_tuning import tune_gc
 from engine.views import upgrades_unchecked
 from obelisk_tui import cmdline, model, palette
 from obelisk_tui.backend import ConsoleBackend
@@ -107,6 +107,11 @@ class ObeliskApp(App[None]):
         self._on_connected = on_connected
         #: Process-wide GC settings: for the process that is the console (`obelisk-tui`).
         self._tune_gc = tune_gc
+        if tune_gc:
+            # Already for the start: its allocations (the engine's imports and loading,
+            # the screens' composition) mostly live on; with CPython's thresholds the
+            # collector ran ~170 times before the first frame (75-120 ms of its CPU).
+            gc_tuning.tune_gc()
         self.now = now or (lambda: datetime.now(UTC))
         #: Whether to follow the engine's changes (tests of fixed data turn it off).
         self.live = live
@@ -155,7 +160,7 @@ class ObeliskApp(App[None]):
             # What was allocated so far lives for the whole session: out of the
             # collector's way, and its later passes rarer (much is allocated per refresh).
             gc.freeze()
-            tune_gc()
+            gc_tuning.tune_gc()
         if self.live:
             self.follow_changes()  # from the generation now: the list's first load is newer
             self.set_interval(1.0, self._tick)
