@@ -44,7 +44,7 @@ from engine.views import (
     LogEntry,
     ResponseEntry,
 )
-from obelisk_tui.model import ExecutionQuery
+from obelisk_tui.list_query import ExecutionQuery
 
 if TYPE_CHECKING:
     import aiohttp

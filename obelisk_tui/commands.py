@@ -10,7 +10,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from engine.client import ApiError
 from obelisk_tui import model
-from obelisk_tui.model import ExecutionQuery
+from obelisk_tui.list_query import ExecutionQuery
 
 if TYPE_CHECKING:
     from obelisk_tui.app import ObeliskApp

@@ -91,7 +91,7 @@ class DemoTraffic:
 
     async def _steer(self) -> None:
         """Answer some approvals, pause/unpause or cancel a waiting order now and then."""
-        from obelisk_tui.model import ExecutionQuery
+        from obelisk_tui.list_query import ExecutionQuery
 
         self._rounds += 1
         if self._rounds % CANCEL_EVERY == 0:
@@ -124,7 +124,7 @@ class DemoTraffic:
     async def _cancel_a_long_step(self) -> None:
         """Cancel a running step of this generator's that sleeps long enough for the
         interruption to be seen (`cancelling`, then finished `cancelled`)."""
-        from obelisk_tui.model import ExecutionQuery
+        from obelisk_tui.list_query import ExecutionQuery
 
         running = await self.backend.list_executions(
             ExecutionQuery(ffqn_prefix="myapp:demo/activity.step", states=("locked",)), 0, 20

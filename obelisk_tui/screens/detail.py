@@ -4,7 +4,6 @@ logs and result, live."""
 from __future__ import annotations
 
 from rich.console import Group, RenderableType
-from rich.json import JSON
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -47,7 +46,7 @@ def render_result(info: ExecutionInfo) -> RenderableType:
     kind = model.result_kind(result)
     if kind in ("ok", "err"):
         colour = model.STATE_COLOURS["finished" if kind == "ok" else "err"]
-        return Group(Text(kind, style="bold " + colour), JSON.from_data(result[kind], indent=2))
+        return Group(Text(kind, style="bold " + colour), palette.json_text(result[kind]))
     failure = result.get("execution_failure") or {}
     parts: list[RenderableType] = [
         Text(

@@ -13,9 +13,9 @@ from textual.widgets import Input, Static
 from engine.api_types import ListOrder
 from engine.client import ApiError
 from engine.views import ExecutionInfo
-from obelisk_tui import model
+from obelisk_tui import list_query
+from obelisk_tui.list_query import ExecutionQuery
 from obelisk_tui.messages import DataChanged, Tick
-from obelisk_tui.model import ExecutionQuery
 from obelisk_tui.screens import actions
 from obelisk_tui.screens.base import HEADER_ICON
 from obelisk_tui.screens.run_command import CommandLineHost
@@ -120,7 +120,7 @@ class ExecutionsScreen(CommandLineHost):
         # Fitted to the line (a long filter wrapped out of sight): re-fitted on resize.
         width = title.size.width or self.app.size.width
         title.update(
-            model.list_title(
+            list_query.list_title(
                 self._title_total, self.query_state, len(lst.marked), width, lst.follow
             )
         )
@@ -172,7 +172,7 @@ class ExecutionsScreen(CommandLineHost):
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.display = True
-        box.value = model.format_filter(self.query_state)
+        box.value = list_query.format_filter(self.query_state)
         self.set_focus(box)  # at once (`Widget.focus` is deferred)
 
     @on(Input.Submitted, "#filter")
@@ -188,7 +188,7 @@ class ExecutionsScreen(CommandLineHost):
     def apply_filter(self, text: str) -> None:
         """The filter `text` (the `/` box's, `:filter`'s; empty: none); ValueError names
         what is wrong with it."""
-        self._set_query(model.parse_filter(text, self.query_state.order))
+        self._set_query(list_query.parse_filter(text, self.query_state.order))
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
@@ -205,13 +205,13 @@ class ExecutionsScreen(CommandLineHost):
     def set_order(self, order: ListOrder | None) -> None:
         """The list in `order`, or (None) the next one (`o`, `:order`)."""
         q = self.query_state
-        self._set_query(model.next_order(q) if order is None else replace(q, order=order))
-        self.notify(f"order: {model.ORDER_TITLES[self.query_state.order]}", timeout=2)
+        self._set_query(list_query.next_order(q) if order is None else replace(q, order=order))
+        self.notify(f"order: {list_query.ORDER_TITLES[self.query_state.order]}", timeout=2)
 
     def action_failures(self) -> None:
         """The failures view (`result:err,failed`), on or off: the other filters stay."""
-        self._set_query(model.toggle_failures(self.query_state))
-        on = self.query_state.results == model.FAILURES
+        self._set_query(list_query.toggle_failures(self.query_state))
+        on = self.query_state.results == list_query.FAILURES
         self.notify("failures: finished err or failed" if on else "failures view off", timeout=2)
 
     def action_top_level(self) -> None:

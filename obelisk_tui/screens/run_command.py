@@ -23,7 +23,7 @@ from engine.client import ApiError
 from engine.views import ExecutionInfo
 from obelisk_tui import cmdline, submitting
 from obelisk_tui.cmdline import CommandError, Parsed
-from obelisk_tui.model import ExecutionQuery
+from obelisk_tui.list_query import ExecutionQuery
 from obelisk_tui.screens.base import ObeliskScreenMixin
 from obelisk_tui.widgets.command_line import CommandLine
 

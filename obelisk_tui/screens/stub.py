@@ -10,7 +10,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static, TextArea
 
 from engine.client import ApiError
@@ -18,13 +17,14 @@ from engine.views import ExecutionInfo
 from obelisk_tui import palette, submitting
 from obelisk_tui.messages import Restyled
 from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.screens.dialog import DialogScreen
 from obelisk_tui.widgets.key_footer import KeyFooter
 
 #: The return value shown until the function's return type is known.
 PLACEHOLDER = '{"ok": null}'
 
 
-class StubScreen(ObeliskScreenMixin, ModalScreen[bool]):
+class StubScreen(ObeliskScreenMixin, DialogScreen[bool]):
     """Dismissed with True once the stub was written."""
 
     BINDINGS = [

@@ -10,7 +10,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
@@ -19,6 +18,7 @@ from engine.views import FunctionExport
 from obelisk_tui import palette, submitting
 from obelisk_tui.messages import Restyled
 from obelisk_tui.screens.base import ObeliskScreenMixin
+from obelisk_tui.screens.dialog import DialogScreen
 from obelisk_tui.widgets.key_footer import KeyFooter
 
 
@@ -56,7 +56,7 @@ def function_prompt(ffqn: str) -> Text:
     )
 
 
-class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
+class SubmitScreen(ObeliskScreenMixin, DialogScreen[str | None]):
     """Dismissed with the new execution's id, or None."""
 
     BINDINGS = [
@@ -73,7 +73,7 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="submit"):
             yield Label("Submit an execution", id="submit-title")
-            with Horizontal():
+            with Horizontal(id="submit-columns"):
                 with Vertical(id="submit-functions"):
                     yield Input(placeholder="type to filter functions", id="function-filter")
                     yield OptionList(id="function-list")
@@ -82,9 +82,10 @@ class SubmitScreen(ObeliskScreenMixin, ModalScreen[str | None]):
                     yield Label("params (a JSON array, in declared order):")
                     yield TextArea("[]", language="json", id="params")
                     yield Static(id="params-error")
-                    with Horizontal(id="submit-buttons"):
-                        yield Button("Submit (ctrl+s)", variant="primary", id="do-submit")
-                        yield Button("Close (esc)", id="close")
+            # Under both columns: whole beside a narrow form (60 columns)
+            with Horizontal(id="submit-buttons"):
+                yield Button("Submit (ctrl+s)", variant="primary", id="do-submit")
+                yield Button("Close (esc)", id="close")
         yield KeyFooter()  # this dialog's keys, not those of the screen beneath
 
     def on_mount(self) -> None:

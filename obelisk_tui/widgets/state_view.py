@@ -27,7 +27,8 @@ def metadata(info: ExecutionInfo, events: list[EventEntry], now: datetime) -> Ta
     table.add_row("execution", info["execution_id"])
     table.add_row("function", f"{info['ffqn']}  ({info['component_type']})")
     params = json.dumps(created.get("params", []), ensure_ascii=False)
-    table.add_row("params", params if len(params) < 400 else params[:399] + "…")
+    params = params if len(params) < 400 else params[:399] + "…"
+    table.add_row("params", palette.highlight_json(params))
     table.add_row("parent", info["parent_id"] or "— (top-level)")
     if created.get("scheduled_by"):
         table.add_row("scheduled by", str(created["scheduled_by"]))

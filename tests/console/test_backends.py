@@ -22,7 +22,7 @@ from engine.core import events as ev
 from engine.engine import Engine
 from engine.server.api import make_app
 from obelisk_tui.backend import EmbeddedBackend, RestBackend
-from obelisk_tui.model import ExecutionQuery
+from obelisk_tui.list_query import ExecutionQuery
 from tests.console.conftest import APPROVE, FANOUT, STEP, write_deployment
 
 TOKEN = "console-test-token"

@@ -16,7 +16,7 @@ from engine.core import events as ev
 from engine.core.state import state_name
 from engine.engine import Engine
 from engine.views import ExecutionInfo
-from obelisk_tui import model
+from obelisk_tui import list_query, model
 from obelisk_tui.app import ObeliskApp
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.screens.detail import ExecutionDetailScreen
@@ -436,7 +436,7 @@ async def test_r_resubmits_with_the_same_params_and_retries_a_failed_one(
         assert "no retry of a finished execution" in question
         await pilot.press("n")
         await until(pilot, lambda: app.screen is screen, what="not confirmed")
-        assert await engine.count_executions(model.ExecutionQuery().to_filter()) == 1
+        assert await engine.count_executions(list_query.ExecutionQuery().to_filter()) == 1
         await pilot.press("R")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="asked again")
         await pilot.press("y")

@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from engine.engine import Engine
 from engine.views import STATE_NAMES
-from obelisk_tui import model
+from obelisk_tui import list_query
 from obelisk_tui.app import ObeliskApp
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.screens.detail import ExecutionDetailScreen
@@ -166,21 +166,21 @@ async def state_of(engine: Engine, eid: str) -> str:
 
 
 def test_result_filters_parse_and_name_a_bad_value() -> None:
-    q = model.parse_filter("result:err,failed state:finished")
+    q = list_query.parse_filter("result:err,failed state:finished")
     assert q.results == ("err", "failed") and q.is_filtered
-    assert model.parse_filter(model.format_filter(q)) == q
-    assert model.parse_filter("r:OK").results == ("ok",)
+    assert list_query.parse_filter(list_query.format_filter(q)) == q
+    assert list_query.parse_filter("r:OK").results == ("ok",)
     with pytest.raises(ValueError, match=r"unknown result 'oops' \(one of: ok, err, failed\)"):
-        model.parse_filter("result:ok,oops")
+        list_query.parse_filter("result:ok,oops")
     with pytest.raises(ValueError, match="needs a result"):
-        model.parse_filter("result:")
-    flt = model.ExecutionQuery(results=("err",)).to_filter()
+        list_query.parse_filter("result:")
+    flt = list_query.ExecutionQuery(results=("err",)).to_filter()
     assert flt.results == ("err",)
-    assert ("result", "err") in model.ExecutionQuery(results=("err",)).to_query()
+    assert ("result", "err") in list_query.ExecutionQuery(results=("err",)).to_query()
     # The failures view: toggled, other filters kept.
-    on = model.toggle_failures(model.ExecutionQuery(ffqn_prefix="x"))
+    on = list_query.toggle_failures(list_query.ExecutionQuery(ffqn_prefix="x"))
     assert on.results == ("err", "failed") and on.ffqn_prefix == "x"
-    assert model.toggle_failures(on) == model.ExecutionQuery(ffqn_prefix="x")
+    assert list_query.toggle_failures(on) == list_query.ExecutionQuery(ffqn_prefix="x")
 
 
 async def ended_each_way(engine: Engine) -> tuple[str, str, str]:

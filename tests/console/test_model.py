@@ -14,9 +14,10 @@ from engine.answers import event_entries, response_entries
 from engine.core import events as ev
 from engine.engine import Engine
 from engine.views import ExecutionInfo
-from obelisk_tui import diagram, model, submitting, timeline
-from obelisk_tui.model import ExecutionQuery, short_id
+from obelisk_tui import diagram, list_query, model, submitting, timeline
+from obelisk_tui.list_query import ExecutionQuery
 from obelisk_tui.model import short_end as short_ffqn
+from obelisk_tui.model import short_id
 from obelisk_tui.widgets.execution_list import layout
 from tests.console.conftest import FANOUT, ORDER
 
@@ -161,8 +162,8 @@ def test_state_label(state: dict[str, Any], result: dict[str, Any] | None, label
     ],
 )
 def test_parse_filter_and_back(text: str, query: ExecutionQuery) -> None:
-    assert model.parse_filter(text) == query
-    assert model.parse_filter(model.format_filter(query)) == query
+    assert list_query.parse_filter(text) == query
+    assert list_query.parse_filter(list_query.format_filter(query)) == query
 
 
 @pytest.mark.parametrize(
@@ -177,14 +178,14 @@ def test_parse_filter_and_back(text: str, query: ExecutionQuery) -> None:
 )
 def test_parse_filter_errors(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        model.parse_filter(text)
+        list_query.parse_filter(text)
 
 
 def test_orders_cycle() -> None:
     q = ExecutionQuery()
     seen = []
     for _ in range(3):
-        q = model.next_order(q)
+        q = list_query.next_order(q)
         seen.append(q.order)
     assert seen == ["created_asc", "updated_desc", "created_desc"]
 
@@ -529,8 +530,8 @@ def test_text_is_cut_between_words_with_an_ellipsis() -> None:
 
 
 def test_the_list_title_keeps_the_filters_ffqn() -> None:
-    query = model.parse_filter("state:blocked ffqn:test:console/workflow.order-cancellable")
-    title = model.list_title(1234, query, 2, 72)
+    query = list_query.parse_filter("state:blocked ffqn:test:console/workflow.order-cancellable")
+    title = list_query.list_title(1234, query, 2, 72)
     assert len(title) <= 72 and "ffqn:…" in title and title.endswith("cancellable · 2 marked")
 
 

@@ -35,7 +35,7 @@ from engine.core.events import accepts_stub
 from engine.engine import Engine
 from obelisk_tui import model
 from obelisk_tui.app import ObeliskApp
-from obelisk_tui.model import ExecutionQuery
+from obelisk_tui.list_query import ExecutionQuery
 from tests.console.conftest import APPROVE, FANOUT, ORDER, SPIN, STEP, open_console, until
 
 KEYS = int(os.environ.get("OBELISK_MONKEY_KEYS", "5000"))
