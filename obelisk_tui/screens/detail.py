@@ -36,6 +36,8 @@ from obelisk_tui.widgets.source_view import SourceView
 from obelisk_tui.widgets.state_view import StateView
 
 TABS = ("state", "events", "children", "logs", "result")
+#: Seconds the footer waits for the first load before it shows the keys known without it.
+FOOTER_WAIT = 0.5
 
 
 def render_result(info: ExecutionInfo) -> RenderableType:
@@ -121,11 +123,14 @@ class ExecutionDetailScreen(CommandLineHost):
             with TabPane("5 Result", id="result"), KeyScroll(id="result-scroll"):
                 yield Static(id="result-view")
         yield self.make_command_line()
-        yield KeyFooter()
+        # Composed once, with the keys of the loaded execution (which actions apply).
+        yield KeyFooter(wait=True)
 
     def on_mount(self) -> None:
         self.query_one("#detail-title", Static).update(Text(f" {self.execution_id}", "bold"))
-        # The first load comes with the ScreenResume that follows the mount.
+        # The first load comes with the ScreenResume that follows the mount. Should it be
+        # slow (a busy server), the footer shows the keys known without it meanwhile.
+        self.set_timer(FOOTER_WAIT, self.query_one(KeyFooter).release)
 
     def on_data_changed(self, _: DataChanged) -> None:
         self.load()
@@ -202,6 +207,7 @@ class ExecutionDetailScreen(CommandLineHost):
         except ApiError as e:
             if not self.is_live:
                 return
+            self.query_one(KeyFooter).release()
             if e.status == 404:
                 self.query_one("#detail-title", Static).update(
                     Text(f" {e.message}", "bold " + palette.COLOURS["error"])
@@ -211,6 +217,7 @@ class ExecutionDetailScreen(CommandLineHost):
             return
         if self.is_live:  # not when the screen was closed (or is closing) while we waited
             self._show()
+            self.query_one(KeyFooter).release()
 
     def _show(self) -> None:
         info = self.info
@@ -298,8 +305,10 @@ class ExecutionDetailScreen(CommandLineHost):
         if not log.events:
             return
         index = event.index
-        self.travel = None if index >= len(self.steps) - 1 else index
-        self._show_state()
+        travel = None if index >= len(self.steps) - 1 else index
+        if travel != self.travel:  # (the first load's cursor on the last event: shown)
+            self.travel = travel
+            self._show_state()
         entry = log.events[index] if index < len(log.events) else None
         if entry is None or entry.get("backtrace_id") is None:
             self.query_one(SourceView).show_backtrace(None, None)

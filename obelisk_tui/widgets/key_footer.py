@@ -10,6 +10,17 @@ It is also rebuilt only when what it shows changes. Textual's footer answers eve
 with a full recompose — every key widget unmounted, new ones mounted and styled, the
 screen laid out again — and several in one go are not coalesced: 7–9 of them, 30–100 ms
 each, while a detail screen opened (`bench/console.py --only detail`).
+
+Its keys are not data-bound to the footer's `compact` (Textual's are): a bound key
+registered a watcher of the footer that Textual drops only when `compact` changes
+(Textual #6666: each rebuild's keys stayed alive), and its mount restyled it twice (the
+key's own default `compact=True`, then the footer's `False`): about half the cost of a
+rebuild. The keys are given the footer's `compact` when composed, and a change of it
+rebuilds them.
+
+A screen whose keys depend on what it loads (the detail screen: which actions apply to
+the execution) can make it `wait` until the first load is shown, so that it is composed
+once with those keys, not once without and again with them.
 """
 
 from __future__ import annotations
@@ -59,19 +70,34 @@ class KeyFooter(Footer):
     #: A check of the bindings is scheduled (one per refresh, however many signals).
     _check_pending = False
 
+    def __init__(self, *, wait: bool = False) -> None:
+        super().__init__()
+        #: Not composed until `release()` (the screen's keys are not known yet).
+        self.waiting = wait
+
+    def release(self) -> None:
+        """The screen's keys are known: compose them (if `wait`ing)."""
+        if self.waiting:
+            self.waiting = False
+            self._schedule_check()
+
     def bindings_changed(self, screen: Screen[Any]) -> None:
         self._bindings_ready = True
         if not screen.app.app_focus or not self.is_attached or screen is not self.screen:
             return
         # A screen below the top one (suspended, or behind a dialog) keeps its keys as
         # they were; its resume is a bindings change, checked then.
-        if screen is self.app.screen and not self._check_pending:
+        if screen is self.app.screen:
+            self._schedule_check()
+
+    def _schedule_check(self) -> None:
+        if not self._check_pending:
             self._check_pending = True
             self.call_after_refresh(self._recompose_if_changed)
 
     async def _recompose_if_changed(self) -> None:
         self._check_pending = False
-        if not self.is_attached:
+        if not self.is_attached or self.waiting or not self._bindings_ready:
             return
         shows = self._shows()
         if shows == self._composed:
@@ -79,7 +105,9 @@ class KeyFooter(Footer):
         if self._composed is not None and _keys_of(shows) == _keys_of(self._composed):
             self._update_keys(shows)  # only which keys are enabled (greyed) changed
             return
-        await self.recompose()
+        # In the footer's context whoever asked (Textual's keys are data-bound to it).
+        with self._context():
+            await self.recompose()
 
     def _shows(self) -> tuple[Any, ...]:
         """Everything the composed keys depend on: the shown bindings (and the palette's)
@@ -93,7 +121,13 @@ class KeyFooter(Footer):
                 *([palette] if palette else []),
             ]
         )
-        return (self._bindings_ready, self.show_command_palette, self.size.width, bindings)
+        return (
+            self._bindings_ready,
+            self.show_command_palette,
+            self.size.width,
+            bindings,
+            self.compact,
+        )
 
     def _update_keys(self, shows: tuple[Any, ...]) -> None:
         """The composed keys greyed or not (and their tooltips) as `shows` says, in place."""
@@ -111,18 +145,25 @@ class KeyFooter(Footer):
     async def recompose(self) -> None:
         self._composed = self._shows() if self.is_attached else None
         await super().recompose()
-        # Each key registers a watcher of the footer's `compact`, dropped by Textual only
-        # when `compact` changes (Textual #6666): the unmounted keys would stay alive.
-        watchers = getattr(self, "__watchers", {}).get("compact")
-        if watchers:
-            watchers[:] = [(node, callback) for node, callback in watchers if node.is_attached]
 
     def compose(self) -> ComposeResult:
+        if self.waiting:
+            return
         keys = list(super().compose())
+        for key in keys:
+            # Not bound to the footer's `compact` (the module's docstring): set. (The
+            # palette's key is not bound: it keeps its own `compact`.)
+            if isinstance(key, FooterKey) and key._reactive_connect:
+                key._reactive_connect = None
+                key.set_reactive(FooterKey.compact, self.compact)
+                key.set_class(self.compact, "-compact", update=False)
         if self.size.width == 0 or not all(isinstance(k, FooterKey) for k in keys):
             yield from keys  # not laid out yet (a resize recomposes), or grouped keys
             return
         yield from self._fit(keys, self.size.width)  # type: ignore[arg-type]
+
+    def _watch_compact(self) -> None:
+        self._schedule_check()
 
     @staticmethod
     def _fit(keys: list[FooterKey], width: int) -> Iterator[Widget]:
@@ -137,11 +178,12 @@ class KeyFooter(Footer):
         yield from (key for i, key in enumerate(keys) if i not in dropped)
 
     def on_resize(self, event: events.Resize) -> None:
-        if event.size.width != getattr(self, "_laid_out_width", None):
-            self._laid_out_width = event.size.width
-            self.call_after_refresh(self.recompose)
+        # The width is part of `_shows`: rebuilt if it changed since the keys were fitted
+        # (not when the first layout gives the width they were already composed for).
+        if self._composed is not None and event.size.width != self._composed[2]:
+            self._schedule_check()
 
 
 def _keys_of(shows: tuple[Any, ...]) -> tuple[Any, ...]:
     """`KeyFooter._shows` less the enabled states and tooltips: what lays the keys out."""
-    return (*shows[:3], tuple(binding for binding, _, _ in shows[3]))
+    return (*shows[:3], tuple(binding for binding, _, _ in shows[3]), shows[4])

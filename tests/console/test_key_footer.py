@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 from textual.widgets._footer import FooterKey
 
 from engine.engine import Engine
+from obelisk_tui.screens import detail
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from obelisk_tui.widgets.key_footer import KeyFooter
 from tests.console.conftest import APPROVE, open_console, screen_text, until
@@ -64,3 +66,35 @@ async def test_the_footer_is_rebuilt_only_when_its_keys_change(console_engine: E
         gc.collect()
         alive = [o for o in gc.get_objects() if isinstance(o, FooterKey) and id(o) in replaced]
         assert len(alive) < generation, len(alive)
+
+
+async def test_the_detail_footer_is_composed_once_with_the_loaded_keys(
+    console_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not once without the execution's keys (not loaded yet: which actions apply is not
+    known) and again with them: 30–80 ms each on `enter` (`bench/console.py --only
+    detail`). The keys are not bound to the footer's `compact` (each bound key left a
+    watcher of the footer behind)."""
+    # The fallback for a slow first load must not fire in a slow test run.
+    monkeypatch.setattr(detail, "FOOTER_WAIT", 60.0)
+    eid = await console_engine.submit(APPROVE, ["footer once"])
+    composed: list[list[str]] = []
+    original = KeyFooter.recompose
+
+    async def counted(self: KeyFooter) -> None:
+        await original(self)
+        if isinstance(self.screen, ExecutionDetailScreen):
+            composed.append([k.action for k in self.query(FooterKey)])
+
+    monkeypatch.setattr(KeyFooter, "recompose", counted)
+    async with open_console(console_engine) as (app, pilot):
+        app.open_execution(eid)
+        await until(pilot, lambda: "c Cancel" in screen_text(app), what="the loaded keys")
+        screen = app.screen
+        assert isinstance(screen, ExecutionDetailScreen) and screen.info is not None
+        for _ in range(5):
+            await pilot.pause()
+        assert len(composed) == 1, composed
+        assert "act('cancel')" in composed[0] and "back" in composed[0]
+        footer = screen.query_one(KeyFooter)
+        assert not getattr(footer, "__watchers", {}).get("compact")
