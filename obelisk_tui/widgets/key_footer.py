@@ -26,7 +26,7 @@ once with those keys, not once without and again with them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from textual import events
 from textual.app import ComposeResult
@@ -62,11 +62,26 @@ def fitting(items: list[tuple[str, int]], width: int) -> set[int]:
     return dropped
 
 
+class Shown(NamedTuple):
+    """Everything a footer's composed keys depend on (`KeyFooter._shows`)."""
+
+    ready: bool
+    show_palette: bool
+    width: int
+    #: The shown bindings (and the palette's): (binding, enabled, tooltip) each.
+    bindings: tuple[tuple[Any, bool, str], ...]
+    compact: bool
+
+    def layout(self) -> tuple[Any, ...]:
+        """Less the enabled states and tooltips: what lays the keys out."""
+        return (*self[:3], tuple(binding for binding, _, _ in self.bindings), self.compact)
+
+
 class KeyFooter(Footer):
     """The footer of every screen and dialog of the console."""
 
     #: What the keys were last composed from (`_shows`); None: not composed yet.
-    _composed: tuple[Any, ...] | None = None
+    _composed: Shown | None = None
     #: A check of the bindings is scheduled (one per refresh, however many signals).
     _check_pending = False
 
@@ -102,14 +117,14 @@ class KeyFooter(Footer):
         shows = self._shows()
         if shows == self._composed:
             return
-        if self._composed is not None and _keys_of(shows) == _keys_of(self._composed):
+        if self._composed is not None and shows.layout() == self._composed.layout():
             self._update_keys(shows)  # only which keys are enabled (greyed) changed
             return
         # In the footer's context whoever asked (Textual's keys are data-bound to it).
         with self._context():
             await self.recompose()
 
-    def _shows(self) -> tuple[Any, ...]:
+    def _shows(self) -> Shown:
         """Everything the composed keys depend on: the shown bindings (and the palette's)
         with whether each is enabled and its tooltip, the width, the palette setting."""
         active = self.screen.active_bindings
@@ -121,17 +136,13 @@ class KeyFooter(Footer):
                 *([palette] if palette else []),
             ]
         )
-        return (
-            self._bindings_ready,
-            self.show_command_palette,
-            self.size.width,
-            bindings,
-            self.compact,
+        return Shown(
+            self._bindings_ready, self.show_command_palette, self.size.width, bindings, self.compact
         )
 
-    def _update_keys(self, shows: tuple[Any, ...]) -> None:
+    def _update_keys(self, shows: Shown) -> None:
         """The composed keys greyed or not (and their tooltips) as `shows` says, in place."""
-        state = {(b.key, b.action): (enabled, tooltip) for b, enabled, tooltip in shows[3]}
+        state = {(b.key, b.action): (enabled, tooltip) for b, enabled, tooltip in shows.bindings}
         for key in self.query(FooterKey):
             if (key.key, key.action) not in state:
                 continue
@@ -180,10 +191,5 @@ class KeyFooter(Footer):
     def on_resize(self, event: events.Resize) -> None:
         # The width is part of `_shows`: rebuilt if it changed since the keys were fitted
         # (not when the first layout gives the width they were already composed for).
-        if self._composed is not None and event.size.width != self._composed[2]:
+        if self._composed is not None and event.size.width != self._composed.width:
             self._schedule_check()
-
-
-def _keys_of(shows: tuple[Any, ...]) -> tuple[Any, ...]:
-    """`KeyFooter._shows` less the enabled states and tooltips: what lays the keys out."""
-    return (*shows[:3], tuple(binding for binding, _, _ in shows[3]), shows[4])
