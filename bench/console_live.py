@@ -435,6 +435,7 @@ async def child_detail(args: argparse.Namespace) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     async with console(connect, probe, milestones) as (app, pilot):
+        from obelisk_tui import model
         from obelisk_tui.screens.detail import ExecutionDetailScreen
         from obelisk_tui.screens.executions import ExecutionsScreen
         from obelisk_tui.widgets.event_log import EventLog
@@ -467,11 +468,16 @@ async def child_detail(args: argparse.Namespace) -> dict[str, Any]:
                 if not (isinstance(screen, ExecutionDetailScreen) and screen.execution_id == eid):
                     return False
                 shown = screen.info
-                log = screen.query_one(EventLog)
+                title = str(screen.query_one("#detail-title").visual)
+                # The Events tab's log is mounted when that tab is first shown: on
+                # `enter`, the screen's events and its title with the state (`_show`).
+                logs = screen.query(EventLog)
                 done = (
                     shown is not None
-                    and len(log.events) == shown["next_version"]
-                    and eid in str(screen.query_one("#detail-title").visual)
+                    and len(screen.events) == shown["next_version"]
+                    and all(len(log.events) == shown["next_version"] for log in logs)
+                    and eid in title
+                    and model.state_label(shown)[0] in title
                 )
                 if done:
                     cpu_at.append(time.thread_time())

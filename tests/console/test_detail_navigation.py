@@ -475,3 +475,28 @@ async def test_r_resubmits_with_the_same_params_and_retries_a_failed_one(
         created = (await engine.events(copy))[0].event
         assert isinstance(created, ev.Created) and list(created.params) == ["r-2"]
         assert any(f"re-submitted {child} as {copy}" in n for n in notices(app))
+
+
+async def test_the_logs_tab_rows_are_not_events(engine: Engine) -> None:
+    """The Logs tab's list sends the same row messages as the Events tab's (both are
+    `RowList`s): its `enter` and cursor moves opened an event's JSON and time-travelled
+    the State tab to the log line's index; with the Events tab not shown yet (its log
+    mounted when first shown), they broke the screen."""
+    from obelisk_tui.widgets.log_view import LogView
+
+    eid = await engine.submit(FANOUT, [2])
+    await engine.result(eid, timeout=30)
+    async with open_console(engine) as (app, pilot):
+        screen = await open_detail(app, pilot, eid)
+        assert len(screen.steps) > 2
+        await pilot.press("4")
+        await until(pilot, lambda: bool(screen.query(LogView)), what="the Logs tab")
+        view = screen.query_one(LogView)
+        # What its `enter` and cursor keys send (it has no lines to move on here).
+        view.post_message(LogView.CursorMoved(view, 0))
+        view.post_message(LogView.Activated(view, 1))
+        for _ in range(5):
+            await pilot.pause()
+        assert app.screen is screen and screen.travel is None
+        await pilot.press("1")
+        await until(pilot, lambda: " live " in screen_text(app), what="the State tab, live")

@@ -125,6 +125,9 @@ async def test_first_and_last_in_an_empty_children_tab(console_engine: Engine) -
         await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
         from obelisk_tui.widgets.children_tree import ChildrenTree
 
+        # The tab's tree is mounted when the tab is first shown; `3` then (a key pressed
+        # while the screen is still being mounted does not switch tabs).
+        await until(pilot, lambda: getattr(app.screen, "info", None) is not None, what="loaded")
         await pilot.press("3")
         await until(pilot, lambda: bool(app.screen.query(ChildrenTree)), what="the tab")
         tree = app.screen.query_one(ChildrenTree)
