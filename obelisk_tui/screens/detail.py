@@ -22,7 +22,7 @@ from engine.views import (
     ResponseEntry,
 )
 from obelisk_tui import model, palette, timeline
-from obelisk_tui.messages import DataChanged, DelayKey, Tick
+from obelisk_tui.messages import DataChanged, DelayKey, Restyled, Tick
 from obelisk_tui.screens import actions
 from obelisk_tui.screens.base import HEADER_ICON
 from obelisk_tui.screens.confirm import ConfirmScreen
@@ -174,8 +174,18 @@ class ExecutionDetailScreen(CommandLineHost):
         # slow (a busy server), the footer shows the keys known without it meanwhile.
         self.set_timer(FOOTER_WAIT, self.query_one(KeyFooter).release)
 
+    def on_unmount(self) -> None:
+        # Closed before its first read was taken: the read is not wanted any more.
+        if self._first_read is not None:
+            self._first_read.cancel()
+
     def on_data_changed(self, _: DataChanged) -> None:
         self.load()
+
+    def on_restyled(self, _: Restyled) -> None:
+        # Another theme: what is drawn in the old one's colours is drawn again (a load
+        # that read nothing new redraws nothing).
+        self._show()
 
     def on_screen_resume(self) -> None:
         # Changes are announced to the top screen only: what happened while a dialog or
