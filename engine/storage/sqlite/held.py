@@ -37,13 +37,14 @@ INSERT_EXECUTION = (
     "pending_at, lock_expires_at, next_version, created_at, updated_at, summary) "
     "VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 )
+_INSERT_EXECUTIONS = INSERT_EXECUTION.split("VALUES")[0] + "VALUES "
 _INSERT_EVENTS = (
     "INSERT INTO events (execution_id, version, created_at, event, backtrace_id) VALUES "
 )
 _INSERT_RESPONSES = (
     "INSERT INTO responses (execution_id, cursor, created_at, source_id, response) VALUES "
 )
-#: Rows per multi-row INSERT (5 columns: 2,500 parameters; SQLite allows 32,766).
+#: Rows per multi-row INSERT (at most 11 columns: 5,500 parameters; SQLite allows 32,766).
 _ROWS = 500
 
 
@@ -99,11 +100,13 @@ class HeldWrites:
         events, self.events = self.events, []
         responses, self.responses = self.responses, []
         execute = sqlite3.Connection.execute
+        rows: list[Any] = []
         for row in created.values():
             s = row[10]
             if isinstance(s, ExecutionSummary):
                 row[10] = ev.encode(s)
-            execute(conn, INSERT_EXECUTION, row)
+            rows += row
+        _insert_rows(conn, _INSERT_EXECUTIONS, rows, 11)
         for execution_id, (s, t) in summaries.items():
             state, pending_at, lock_expires_at = projection(s)
             execute(
@@ -111,17 +114,17 @@ class HeldWrites:
                 UPDATE_SUMMARY,
                 (state, pending_at, lock_expires_at, s.next_version, t, ev.encode(s), execution_id),
             )
-        _insert_rows(conn, _INSERT_EVENTS, events)
-        _insert_rows(conn, _INSERT_RESPONSES, responses)
+        _insert_rows(conn, _INSERT_EVENTS, events, 5)
+        _insert_rows(conn, _INSERT_RESPONSES, responses, 5)
 
 
-def _insert_rows(conn: sqlite3.Connection, head: str, values: list[Any]) -> None:
-    step = _ROWS * 5
+def _insert_rows(conn: sqlite3.Connection, head: str, values: list[Any], width: int) -> None:
+    """`values` (`width` per row) in one statement per `_ROWS` rows."""
+    one = "(" + ",".join("?" * width) + ")"
+    step = _ROWS * width
     for i in range(0, len(values), step):
         chunk = values[i : i + step]
-        sqlite3.Connection.execute(
-            conn, head + ",".join(["(?,?,?,?,?)"] * (len(chunk) // 5)), chunk
-        )
+        sqlite3.Connection.execute(conn, head + ",".join([one] * (len(chunk) // width)), chunk)
 
 
 def held(conn: sqlite3.Connection) -> HeldWrites | None:
