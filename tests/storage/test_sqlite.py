@@ -303,13 +303,13 @@ async def test_transaction_that_breaks_the_batch_is_retried_alone(
     await storage.create(create_request(), at(1))
 
 
-async def test_held_writes_of_a_batch_give_every_transaction_its_own_outcome(
+async def test_every_transaction_of_a_batch_gets_its_own_outcome(
     storage: SqliteStorage, db_path: Path
 ) -> None:
-    """A batch holds its rows back to its end (`engine.storage.sqlite.held`): a
-    re-submitted id (already in the file, or created earlier in the same batch) and a
-    duplicate response fail only their own logical transactions, and an execution
-    created and paused in the same batch is written as paused."""
+    """In one batch: a re-submitted id (already in the file, or created earlier in the
+    same batch) and a duplicate response fail (or succeed) alone, and an execution
+    created and paused in the same batch has the paused row (also in the indexed
+    columns). Guards a writer that would hold a batch's rows back to its end."""
     existing = create_request(params=[1])
     await storage.create(existing, at(0))
     parents = []
@@ -348,7 +348,7 @@ async def test_held_writes_of_a_batch_give_every_transaction_its_own_outcome(
         assert all(r is None for r in results[:5] + results[-5:]), results
         return results[5:-5]
 
-    # An id already in the file: its held INSERT fails, the batch runs again.
+    # An id already in the file.
     assert await batch(storage.create(existing, at(3))) == [None]
     # A duplicate response: the same.
     ok_a, duplicate, ok_b = await batch(
@@ -360,8 +360,7 @@ async def test_held_writes_of_a_batch_give_every_transaction_its_own_outcome(
     for parent in (a, b):
         assert len(await storage.get_responses(parent)) == 1
         assert (await storage.get_summary(parent)).responses == 1
-    # Created and paused in one batch (one INSERT), then submitted again (the held rows
-    # are written before the read that finds it).
+    # Created, paused and submitted again in one batch.
     created, paused, again = await batch(
         storage.create(fresh, at(3)),
         storage.pause(fresh.execution_id, at(3)),

@@ -46,7 +46,6 @@ from engine.storage.sqlite.connection import (
     _release,
     _summaries,
 )
-from engine.storage.sqlite.held import HeldWriteFailed, HeldWrites
 from engine.storage.sqlite.optimistic import (
     BufferedConnection,
     NeedsWriteLock,
@@ -423,39 +422,30 @@ def _run_batch_plain(
     early: _EarlyResponses | None = None,
     more: Callable[[float], _Tx | None] | None = None,
 ) -> list[tuple[bool, Any, _Notes]] | None:
-    """The batch without savepoints; None (after a rollback) to run it with them.
-
-    Its rows are held back and written at its end (`engine.storage.sqlite.held`)."""
+    """The batch without savepoints; None (after a rollback) to run it with them."""
     outcomes: list[tuple[bool, Any, _Notes]] = []
     _begin(conn)  # failing: the connection itself failed (as below)
     changes_before = conn.total_changes
     if early is not None:
         early.began()
-    holds = hasattr(conn, "held")
-    if holds:
-        conn.held = HeldWrites()  # type: ignore[attr-defined]
-    try:
-        for tx in batch:
-            if (refusal := _refused(early, tx)) is not None:
-                outcomes.append(refusal)  # it wrote nothing: the others stand
-                continue
-            notes = _Notes()
-            try:
-                value = tx.fn(conn, notes)
-            except Exception as e:
-                with contextlib.suppress(sqlite3.Error):
-                    _end(conn, "ROLLBACK")
-                if len(batch) > 1 or isinstance(e, HeldWriteFailed):
-                    return None
-                return [(False, _translate(e), notes)]
-            if not conn.in_transaction:  # it ended the transaction (see the savepoint path)
-                _release(conn)
+    for tx in batch:
+        if (refusal := _refused(early, tx)) is not None:
+            outcomes.append(refusal)  # it wrote nothing: the others stand
+            continue
+        notes = _Notes()
+        try:
+            value = tx.fn(conn, notes)
+        except Exception as e:
+            with contextlib.suppress(sqlite3.Error):
+                _end(conn, "ROLLBACK")
+            if len(batch) > 1:
                 return None
-            outcomes.append((True, value, notes))
-        return _finish_batch(conn, batch, outcomes, changes_before, early, more)
-    finally:
-        if holds:
-            conn.held = None  # type: ignore[attr-defined]
+            return [(False, _translate(e), notes)]
+        if not conn.in_transaction:  # it ended the transaction (see the savepoint path)
+            _release(conn)
+            return None
+        outcomes.append((True, value, notes))
+    return _finish_batch(conn, batch, outcomes, changes_before, early, more)
 
 
 def _finish_batch(
@@ -467,17 +457,7 @@ def _finish_batch(
     more: Callable[[float], _Tx | None] | None,
 ) -> list[tuple[bool, Any, _Notes]] | None:
     """Everything of `batch` is written (`outcomes`): hand over what waits for it,
-    COMMIT. None (after a rollback) when the COMMIT (or a held write) failed."""
-    held: HeldWrites | None = getattr(conn, "held", None)
-    if held is not None:
-        # Before anything is handed over; what lingers below is written at once.
-        conn.held = None  # type: ignore[attr-defined]
-        try:
-            held.flush(conn)
-        except HeldWriteFailed:
-            with contextlib.suppress(sqlite3.Error):
-                _end(conn, "ROLLBACK")
-            return None
+    COMMIT. None (after a rollback) when the COMMIT failed."""
     if more is None:
         # Named before anything wakes the process's other threads: each statement gives
         # the GIL up, and getting it back from them can take milliseconds.

@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 from engine.storage.sqlite.cache import SummaryCache, record_unknown_writes
-from engine.storage.sqlite.held import HeldWrites, observes
 from engine.storage.sqlite.write_lock import WriteLock
 
 
@@ -32,21 +31,6 @@ class _WriterConnection(sqlite3.Connection):
         #: Batches written optimistically, those that then ran the usual way, and why
         #: (`_count`).
         self.counters: dict[str, int] = {}
-        #: The writes the open batch holds back (`engine.storage.sqlite.held`); None:
-        #: every write is made at once.
-        self.held: HeldWrites | None = None
-
-    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        held = self.held
-        if held is not None and observes(sql) and held.pending:
-            held.flush(self)  # what this statement reads or writes must be there
-        return super().execute(sql, parameters)
-
-    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
-        held = self.held
-        if held is not None and observes(sql) and held.pending:
-            held.flush(self)
-        return super().executemany(sql, parameters)
 
 
 def _summaries(conn: sqlite3.Connection) -> SummaryCache | None:

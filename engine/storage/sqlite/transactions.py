@@ -45,7 +45,6 @@ from engine.storage.contract import (
     VersionConflict,
 )
 from engine.storage.sqlite.connection import _summaries
-from engine.storage.sqlite.held import INSERT_EXECUTION, held
 from engine.storage.sqlite.optimistic import (
     UPDATE_SUMMARY,
     BufferedConnection,
@@ -109,16 +108,12 @@ def _load_summary_for_write(
 def _write_summary(
     conn: sqlite3.Connection, execution_id: str, s: ExecutionSummary, now: datetime
 ) -> None:
+    state, pending_at, lock_expires_at = _projection(s)
     t = _us(now)
-    h = held(conn)
-    if h is not None:
-        h.summary(execution_id, s, t)
-    else:
-        state, pending_at, lock_expires_at = _projection(s)
-        conn.execute(
-            UPDATE_SUMMARY,
-            (state, pending_at, lock_expires_at, s.next_version, t, ev.encode(s), execution_id),
-        )
+    conn.execute(
+        UPDATE_SUMMARY,
+        (state, pending_at, lock_expires_at, s.next_version, t, ev.encode(s), execution_id),
+    )
     cache = _summaries(conn)
     if cache is not None:
         cache.put(execution_id, s, t)
@@ -144,33 +139,26 @@ def _create(
             lock = None
     state, pending_at, lock_expires_at = _projection(s)
     parent_id = created.parent[0] if created.parent else None
-    row: list[Any] = [
-        req.execution_id,
-        created.ffqn,
-        created.component_id.type,
-        parent_id,
-        state,
-        pending_at,
-        lock_expires_at,
-        s.next_version,
-        _us(now),
-        _us(now),
-        s,
-    ]
-    h = held(conn)
     try:
-        if h is not None:
-            # Held: an id already in the database fails the batch's write, which then runs
-            # again the usual way; one created earlier in this batch is a re-submission
-            # here (the read below writes the held rows first).
-            if req.execution_id in h.created:
-                raise sqlite3.IntegrityError("UNIQUE constraint failed: executions.execution_id")
-            h.created[req.execution_id] = row
-        else:
-            # Insert first: the id exists only on a re-submission (no read on the usual
-            # path).
-            row[10] = ev.encode(s)
-            conn.execute(INSERT_EXECUTION, row)
+        # Insert first: the id exists only on a re-submission (no read on the usual path).
+        conn.execute(
+            "INSERT INTO executions (execution_id, ffqn, component_type, parent_id, state, "
+            "pending_at, lock_expires_at, next_version, created_at, updated_at, summary) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                req.execution_id,
+                created.ffqn,
+                created.component_id.type,
+                parent_id,
+                state,
+                pending_at,
+                lock_expires_at,
+                s.next_version,
+                _us(now),
+                _us(now),
+                ev.encode(s),
+            ),
+        )
     except sqlite3.IntegrityError:
         existing = conn.execute(
             "SELECT event FROM events WHERE execution_id = ? AND version = 0", (req.execution_id,)
@@ -193,8 +181,6 @@ def _create(
     if lock is None:
         if event_rows is not None:
             event_rows += (req.execution_id, 0, t, ev.encode(created), None)
-        elif h is not None:
-            h.events += (req.execution_id, 0, t, ev.encode(created), None)
         else:
             conn.execute(
                 "INSERT INTO events (execution_id, version, created_at, event) VALUES (?,?,?,?)",
@@ -206,8 +192,6 @@ def _create(
     rows += (req.execution_id, 1, t, ev.encode(lock.locked), None)
     if event_rows is not None:
         event_rows += rows
-    elif h is not None:
-        h.events += rows
     else:
         conn.execute(
             "INSERT INTO events (execution_id, version, created_at, event, backtrace_id) "
@@ -455,10 +439,6 @@ def _append(
                 notes.cancelled.add(execution_id)
             case _:
                 pass
-    h = held(conn)
-    if h is not None:
-        h.events += rows
-        rows = []
     for i in range(0, len(rows), 2500):  # 500 events per statement
         chunk = rows[i : i + 2500]
         conn.execute(
@@ -572,16 +552,12 @@ def _add_response(
     except IllegalAppend as e:
         raise Conflict(f"execution {execution_id}: {e}") from None
     t = _us(now)
-    h = held(conn)
     try:
-        if h is not None:  # a duplicate fails the batch's write: it runs again, unheld
-            h.responses += (execution_id, s.responses, t, source, ev.encode(response))
-        else:
-            conn.execute(
-                "INSERT INTO responses (execution_id, cursor, created_at, source_id, response) "
-                "VALUES (?,?,?,?,?)",
-                (execution_id, s.responses, t, source, ev.encode(response)),
-            )
+        conn.execute(
+            "INSERT INTO responses (execution_id, cursor, created_at, source_id, response) "
+            "VALUES (?,?,?,?,?)",
+            (execution_id, s.responses, t, source, ev.encode(response)),
+        )
     except sqlite3.IntegrityError:
         raise Conflict(f"execution {execution_id} already has a response for {source}") from None
     if isinstance(response, ev.DelayFinished):
