@@ -38,6 +38,7 @@ from .conftest import (
     at,
     child_id,
     create_request,
+    delay_id,
 )
 from .test_contract import RecordingLock, create, lock, submit_children
 
@@ -300,6 +301,83 @@ async def test_transaction_that_breaks_the_batch_is_retried_alone(
         assert await storage.get_created(r.execution_id) == r.created
     # And the writer goes on.
     await storage.create(create_request(), at(1))
+
+
+async def test_every_transaction_of_a_batch_gets_its_own_outcome(
+    storage: SqliteStorage, db_path: Path
+) -> None:
+    """In one batch: a re-submitted id (already in the file, or created earlier in the
+    same batch) and a duplicate response fail (or succeed) alone, and an execution
+    created and paused in the same batch has the paused row (also in the indexed
+    columns). Guards a writer that would hold a batch's rows back to its end."""
+    existing = create_request(params=[1])
+    await storage.create(existing, at(0))
+    parents = []
+    for _ in range(2):
+        parent = await create(storage, WORKFLOW_FFQN)
+        le = await lock(storage, parent, 1, Executor([WORKFLOW_FFQN], WORKFLOW))
+        js = "o:1-sleep"
+        delay = delay_id(parent, js)
+        request = ev.DelayRequest(delay, at(30), ev.ScheduleAtIn(28_000))
+        await storage.append(
+            parent,
+            le.next_version,
+            [
+                ev.HistoryEvent(ev.JoinSetCreate(js)),
+                ev.HistoryEvent(ev.JoinSetRequest(js, request)),
+                ev.HistoryEvent(ev.JoinNext(js, run_expires_at=at(2))),
+            ],
+            at(2),
+        )
+        parents.append((parent, ev.DelayFinished(delay, js)))
+    (a, response_a), (b, response_b) = parents
+    fresh = create_request()
+
+    async def batch(*calls: Any) -> list[Any]:
+        good = [create_request() for _ in range(10)]
+        commits_before = storage.stats["commits"]
+        results = await asyncio.gather(
+            *(storage.create(r, at(3)) for r in good[:5]),
+            *calls,
+            *(storage.create(r, at(3)) for r in good[5:]),
+            return_exceptions=True,
+        )
+        assert storage.stats["commits"] - commits_before < len(results)  # shared commits
+        for r in good:
+            assert await storage.get_created(r.execution_id) == r.created
+        assert all(r is None for r in results[:5] + results[-5:]), results
+        return results[5:-5]
+
+    # An id already in the file.
+    assert await batch(storage.create(existing, at(3))) == [None]
+    # A duplicate response: the same.
+    ok_a, duplicate, ok_b = await batch(
+        storage.append_response(a, response_a, at(31)),
+        storage.append_response(a, response_a, at(31)),
+        storage.append_response(b, response_b, at(31)),
+    )
+    assert isinstance(duplicate, Conflict) and ok_a is None and ok_b is None
+    for parent in (a, b):
+        assert len(await storage.get_responses(parent)) == 1
+        assert (await storage.get_summary(parent)).responses == 1
+    # Created, paused and submitted again in one batch.
+    created, paused, again = await batch(
+        storage.create(fresh, at(3)),
+        storage.pause(fresh.execution_id, at(3)),
+        storage.create(fresh, at(3)),
+    )
+    assert created is None and again is None and paused.paused
+    assert await storage.get_created(fresh.execution_id) == fresh.created
+    assert await storage.get_summary(fresh.execution_id) == paused
+    with raw(db_path) as conn:  # the indexed columns too, not only the summary
+        [(state, versions)] = conn.execute(
+            "SELECT state, next_version FROM executions WHERE execution_id = ?",
+            (fresh.execution_id,),
+        ).fetchall()
+        events = conn.execute(
+            "SELECT count(*) FROM events WHERE execution_id = ?", (fresh.execution_id,)
+        ).fetchone()[0]
+    assert (state, versions, events) == ("paused", 2, 2)
 
 
 async def test_a_failed_write_leaves_nothing_in_the_summary_cache(storage: SqliteStorage) -> None:
