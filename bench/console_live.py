@@ -30,6 +30,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -60,11 +61,13 @@ class TmuxConsole:
     """`obelisk-tui ARGS` in a detached tmux pane of SIZE, on a tmux server of our own
     (`-L`), so that other tmux sessions on the machine are not touched."""
 
-    def __init__(self, name: str, args: list[str]) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self.tmux = shutil.which("tmux") or "/usr/bin/tmux"
         self.socket = f"bench-console-{os.getpid()}"
         self.session = name
-        cmd = " ".join(["exec", str(VENV_BIN / "obelisk-tui"), *args])
+        # `env` execs the console: the pane's pid stays the console's.
+        extra = ["env", *(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())]
+        cmd = " ".join(["exec", *(extra if env else []), str(VENV_BIN / "obelisk-tui"), *args])
         self._tmux("new-session", "-d", "-s", name, "-x", str(SIZE[0]), "-y", str(SIZE[1]), cmd)
         self.pid = int(self._tmux("display-message", "-p", "-t", name, "#{pane_pid}").strip())
 
@@ -159,12 +162,29 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
     consoles: dict[str, TmuxConsole] = {}
     # SIGTERM (a `timeout`, a kill): still stop the consoles and the server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    dumps: Path | None = args.rss_dump_dir
+    hook_env: dict[str, str] = {}
+    if dumps is not None:
+        dumps.mkdir(parents=True, exist_ok=True)
+        hook_env = {
+            "PYTHONPATH": str(REPO / "bench" / "rss_hook"),
+            "OBELISK_RSS_DUMP_DIR": str(dumps.resolve()),
+        }
+    dump_at = sorted(float(m) for m in args.rss_dump_at.split(",") if m)
     try:
-        consoles["embedded"] = TmuxConsole(
-            f"rss-embedded-{os.getpid()}", ["--demo", "--data-dir", str(emb_data)]
-        )
-        consoles["attached"] = TmuxConsole(f"rss-attached-{os.getpid()}", ["--attach", server.url])
-        data_of = {"embedded": emb_data, "attached": att_data}
+        data_of: dict[str, Path] = {}
+        for spec in args.rss_console or ["embedded", "attached"]:
+            name, _, env_spec = spec.partition(":")
+            env = {**hook_env, **dict(kv.split("=", 1) for kv in env_spec.split(",") if kv)}
+            if name == "embedded":
+                cargs = ["--demo", "--data-dir", str(emb_data)]
+                data_of[name] = emb_data
+            elif name.startswith("attached"):
+                cargs = ["--attach", server.url]
+                data_of[name] = att_data
+            else:
+                raise SystemExit(f"--rss-console {spec}: embedded or attached[NAME][:K=V,…]")
+            consoles[name] = TmuxConsole(f"rss-{name}-{os.getpid()}", cargs, env)
         started: dict[str, float | None] = {}
 
         async def run() -> dict[str, Any]:
@@ -205,6 +225,11 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
                     )
                     last[k] = cpu
                 t_last = now
+                if dumps is not None and dump_at and (now - t0) / 60 >= dump_at[0] - 0.01:
+                    dump_at.pop(0)
+                    for k, c in consoles.items():
+                        if c.alive():
+                            dump_memory(c.pid, k, dumps)
                 load = os.getloadavg()
                 say(
                     "rss sample "
@@ -254,6 +279,15 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
                 check=False,
             )
         server.stop()
+
+
+def dump_memory(pid: int, name: str, dumps: Path) -> None:
+    """SIGUSR1 to the console (`bench/rss_hook`: Python's and glibc's allocator
+    statistics into DIR/PID-N.txt) and a copy of its /proc/PID/smaps (DIR/PID-N.smaps)."""
+    n = len(list(dumps.glob(f"{pid}-*.smaps")))
+    shutil.copyfile(f"/proc/{pid}/smaps", dumps / f"{pid}-{n}.smaps")
+    (dumps / f"{pid}.name").write_text(name)
+    os.kill(pid, signal.SIGUSR1)
 
 
 def rss_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:

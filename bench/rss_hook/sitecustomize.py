@@ -1,0 +1,49 @@
+"""A memory dump on SIGUSR1, for the rss phase of `bench/console.py` (`--rss-dump-at`):
+the bench puts this directory on the console's PYTHONPATH and sets OBELISK_RSS_DUMP_DIR.
+
+On the signal, Python's allocator statistics (`sys._debugmallocstats`: pymalloc arenas,
+pools, blocks in use per size class) and glibc's (`malloc_stats`: per malloc arena the
+bytes taken from the system and in use, and the mmap'ed blocks), both of which C writes to
+fd 2, are written to `DIR/PID-N.txt` (fd 2 is pointed at the file meanwhile: the console's
+stderr is its terminal). Plus the gc's counts and the number of live objects by type (the
+top 30).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+_DIR = os.environ.get("OBELISK_RSS_DUMP_DIR")
+
+
+def _dump(_signum: int, _frame: object) -> None:
+    import collections
+    import ctypes
+    import gc
+
+    assert _DIR is not None
+    n = len([f for f in os.listdir(_DIR) if f.startswith(f"{os.getpid()}-")])
+    path = os.path.join(_DIR, f"{os.getpid()}-{n}.txt")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    saved = os.dup(2)
+    try:
+        sys.stderr.flush()
+        os.dup2(fd, 2)
+        sys._debugmallocstats()
+        os.write(2, b"\n--- glibc malloc_stats ---\n")
+        libc = ctypes.CDLL(None)
+        libc.malloc_stats()
+        counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
+        lines = [f"\n--- gc: counts {gc.get_count()}, tracked {sum(counts.values())}"]
+        lines += [f"{v:8d} {k}" for k, v in counts.most_common(30)]
+        os.write(2, ("\n".join(lines) + "\n").encode())
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+if _DIR:
+    signal.signal(signal.SIGUSR1, _dump)
