@@ -163,19 +163,19 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
     # SIGTERM (a `timeout`, a kill): still stop the consoles and the server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     dumps: Path | None = args.rss_dump_dir
-    hook_env: dict[str, str] = {}
+    # The consoles run this checkout's code (the venv's editable install may be another's),
+    # with the hook (`bench/rss_hook`) for the dumps and OBELISK_RSS_GC_THRESHOLDS.
+    hook_env = {"PYTHONPATH": f"{REPO}:{REPO / 'bench' / 'rss_hook'}"}
     if dumps is not None:
         dumps.mkdir(parents=True, exist_ok=True)
-        hook_env = {
-            "PYTHONPATH": str(REPO / "bench" / "rss_hook"),
-            "OBELISK_RSS_DUMP_DIR": str(dumps.resolve()),
-        }
+        hook_env["OBELISK_RSS_DUMP_DIR"] = str(dumps.resolve())
     dump_at = sorted(float(m) for m in args.rss_dump_at.split(",") if m)
     try:
         data_of: dict[str, Path] = {}
         for spec in args.rss_console or ["embedded", "attached"]:
             name, _, env_spec = spec.partition(":")
-            env = {**hook_env, **dict(kv.split("=", 1) for kv in env_spec.split(",") if kv)}
+            pairs = re.split(r",(?=[A-Za-z_]\w*=)", env_spec)  # a value may hold commas
+            env = {**hook_env, **dict(kv.split("=", 1) for kv in pairs if kv)}
             if name == "embedded":
                 cargs = ["--demo", "--data-dir", str(emb_data)]
                 data_of[name] = emb_data

@@ -7,6 +7,12 @@ bytes taken from the system and in use, and the mmap'ed blocks), both of which C
 fd 2, are written to `DIR/PID-N.txt` (fd 2 is pointed at the file meanwhile: the console's
 stderr is its terminal). Plus the gc's counts and the number of live objects by type (the
 top 30).
+
+OBELISK_RSS_DUMP_GARBAGE=1: each dump also collects (gc.DEBUG_SAVEALL) and lists what a
+full collection found unreachable, by type (the garbage is then freed).
+
+OBELISK_RSS_GC_THRESHOLDS=A,B,C: the collector's thresholds, kept (later
+`gc.set_threshold` calls, e.g. the console's `engine.gc_tuning`, do nothing).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 _DIR = os.environ.get("OBELISK_RSS_DUMP_DIR")
 
@@ -24,7 +31,7 @@ def _dump(_signum: int, _frame: object) -> None:
     import gc
 
     assert _DIR is not None
-    n = len([f for f in os.listdir(_DIR) if f.startswith(f"{os.getpid()}-")])
+    n = len([f for f in os.listdir(_DIR) if f.startswith(f"{os.getpid()}-") and f.endswith(".txt")])
     path = os.path.join(_DIR, f"{os.getpid()}-{n}.txt")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     saved = os.dup(2)
@@ -39,6 +46,20 @@ def _dump(_signum: int, _frame: object) -> None:
         lines = [f"\n--- gc: counts {gc.get_count()}, tracked {sum(counts.values())}"]
         lines += [f"{v:8d} {k}" for k, v in counts.most_common(30)]
         os.write(2, ("\n".join(lines) + "\n").encode())
+        if os.environ.get("OBELISK_RSS_DUMP_GARBAGE"):
+            # What a full collection would free now (it frees it: the run is changed).
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                t0 = time.perf_counter()
+                found = gc.collect()
+                took = time.perf_counter() - t0
+                garbage = collections.Counter(type(o).__name__ for o in gc.garbage)
+                gc.garbage.clear()
+            finally:
+                gc.set_debug(0)
+            lines = [f"\n--- garbage: {found} objects, the collection took {took * 1000:.1f} ms"]
+            lines += [f"{v:8d} {k}" for k, v in garbage.most_common(40)]
+            os.write(2, ("\n".join(lines) + "\n").encode())
     finally:
         os.dup2(saved, 2)
         os.close(saved)
@@ -47,3 +68,10 @@ def _dump(_signum: int, _frame: object) -> None:
 
 if _DIR:
     signal.signal(signal.SIGUSR1, _dump)
+
+_GC = os.environ.get("OBELISK_RSS_GC_THRESHOLDS")
+if _GC:
+    import gc
+
+    gc.set_threshold(*(int(x) for x in _GC.split(",")))
+    gc.set_threshold = lambda *_args: None  # type: ignore[assignment]
