@@ -11,6 +11,9 @@ top 30).
 OBELISK_RSS_DUMP_GARBAGE=1: each dump also collects (gc.DEBUG_SAVEALL) and lists what a
 full collection found unreachable, by type (the garbage is then freed).
 
+OBELISK_RSS_GC_LOG=1: the collector's passes are counted by generation, with their CPU
+time (`gc.callbacks`), and each dump lists them.
+
 OBELISK_RSS_GC_THRESHOLDS=A,B,C: the collector's thresholds, kept (later
 `gc.set_threshold` calls, e.g. the console's `engine.gc_tuning`, do nothing).
 """
@@ -46,18 +49,29 @@ def _dump(_signum: int, _frame: object) -> None:
         lines = [f"\n--- gc: counts {gc.get_count()}, tracked {sum(counts.values())}"]
         lines += [f"{v:8d} {k}" for k, v in counts.most_common(30)]
         os.write(2, ("\n".join(lines) + "\n").encode())
+        if _passes:
+            lines = ["\n--- collector passes so far: generation, passes, CPU ms total/max, freed"]
+            for g in sorted(_passes):
+                n, total, most, freed = _passes[g]
+                lines.append(
+                    f"gen {g}: {n} passes, {total * 1000:.0f} / {most * 1000:.1f} ms, {freed}"
+                )
+            os.write(2, ("\n".join(lines) + "\n").encode())
         if os.environ.get("OBELISK_RSS_DUMP_GARBAGE"):
             # What a full collection would free now (it frees it: the run is changed).
             gc.set_debug(gc.DEBUG_SAVEALL)
             try:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 found = gc.collect()
-                took = time.perf_counter() - t0
+                took, cpu = time.perf_counter() - t0, time.thread_time() - c0
                 garbage = collections.Counter(type(o).__name__ for o in gc.garbage)
                 gc.garbage.clear()
             finally:
                 gc.set_debug(0)
-            lines = [f"\n--- garbage: {found} objects, the collection took {took * 1000:.1f} ms"]
+            lines = [
+                f"\n--- garbage: {found} objects, the collection took {took * 1000:.1f} ms "
+                f"({cpu * 1000:.1f} ms CPU)"
+            ]
             lines += [f"{v:8d} {k}" for k, v in garbage.most_common(40)]
             os.write(2, ("\n".join(lines) + "\n").encode())
     finally:
@@ -66,8 +80,30 @@ def _dump(_signum: int, _frame: object) -> None:
         os.close(fd)
 
 
+#: generation → [passes, CPU seconds, the longest pass's, objects freed]
+_passes: dict[int, list[float]] = {}
+_started = [0.0]
+
+
+def _on_collect(phase: str, info: dict[str, int]) -> None:
+    """The collector's passes by generation (OBELISK_RSS_GC_LOG=1): their CPU time."""
+    if phase == "start":
+        _started[0] = time.thread_time()
+        return
+    took = time.thread_time() - _started[0]
+    entry = _passes.setdefault(info["generation"], [0, 0.0, 0.0, 0])
+    entry[0] += 1
+    entry[1] += took
+    entry[2] = max(entry[2], took)
+    entry[3] += info["collected"]
+
+
 if _DIR:
     signal.signal(signal.SIGUSR1, _dump)
+    if os.environ.get("OBELISK_RSS_GC_LOG"):
+        import gc as _gc
+
+        _gc.callbacks.append(_on_collect)
 
 _GC = os.environ.get("OBELISK_RSS_GC_THRESHOLDS")
 if _GC:
