@@ -1419,7 +1419,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--rss-console",
         action="append",
-        help="rss: a console, embedded or attached[NAME][:K=V,…] with env vars; repeatable "
+        help="rss: a console, embedded[NAME] or attached[NAME], [:K=V,…] env vars; repeatable "
         "(default: embedded and attached); e.g. attached-malloc:PYTHONMALLOC=malloc",
     )
     p.add_argument(

@@ -17,7 +17,11 @@ shares its helpers with `bench/console.py`; results in docs/benchmarks.md, "Cons
   `obelisk server run` on the demo deployment with the same demo traffic driven from the
   bench process (so that process is the console alone). RSS (VmRSS, RssAnon) and CPU of
   each console process every `--sample-seconds` (60); the RSS after 5 minutes against the
-  RSS at the end.
+  RSS at the end. `--rss-console` picks the consoles (several attached ones share the
+  server and the traffic; each embedded one has its own engine) with env vars each, e.g.
+  `attached-main:PYTHONPATH=/work/main` against this checkout; `--rss-dump-dir` and
+  `--rss-dump-at` take allocator statistics, the collector's passes and smaps from each
+  (`bench/rss_hook`).
 """
 
 from __future__ import annotations
@@ -176,14 +180,15 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
             name, _, env_spec = spec.partition(":")
             pairs = re.split(r",(?=[A-Za-z_]\w*=)", env_spec)  # a value may hold commas
             env = {**hook_env, **dict(kv.split("=", 1) for kv in pairs if kv)}
-            if name == "embedded":
-                cargs = ["--demo", "--data-dir", str(emb_data)]
-                data_of[name] = emb_data
+            if name.startswith("embedded"):  # each its own engine and data
+                data_of[name] = emb_data if name == "embedded" else tmp / f"rss-{name}"
+                data_of[name].mkdir(parents=True, exist_ok=True)
+                cargs = ["--demo", "--data-dir", str(data_of[name])]
             elif name.startswith("attached"):
                 cargs = ["--attach", server.url]
                 data_of[name] = att_data
             else:
-                raise SystemExit(f"--rss-console {spec}: embedded or attached[NAME][:K=V,…]")
+                raise SystemExit(f"--rss-console {spec}: embedded[NAME] or attached[NAME][:K=V,…]")
             consoles[name] = TmuxConsole(f"rss-{name}-{os.getpid()}", cargs, env)
         started: dict[str, float | None] = {}
 
