@@ -169,7 +169,7 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
     dumps: Path | None = args.rss_dump_dir
     # The consoles run this checkout's code (the venv's editable install may be another's),
     # with the hook (`bench/rss_hook`) for the dumps and OBELISK_RSS_GC_THRESHOLDS.
-    hook_env = {"PYTHONPATH": f"{REPO}:{REPO / 'bench' / 'rss_hook'}"}
+    hook_env = {"PYTHONPATH": str(REPO)}
     if dumps is not None:
         dumps.mkdir(parents=True, exist_ok=True)
         hook_env["OBELISK_RSS_DUMP_DIR"] = str(dumps.resolve())
@@ -180,6 +180,7 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
             name, _, env_spec = spec.partition(":")
             pairs = re.split(r",(?=[A-Za-z_]\w*=)", env_spec)  # a value may hold commas
             env = {**hook_env, **dict(kv.split("=", 1) for kv in pairs if kv)}
+            env["PYTHONPATH"] += f":{REPO / 'bench' / 'rss_hook'}"  # also with another's code
             if name.startswith("embedded"):  # each its own engine and data
                 data_of[name] = emb_data if name == "embedded" else tmp / f"rss-{name}"
                 data_of[name].mkdir(parents=True, exist_ok=True)
