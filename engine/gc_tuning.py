@@ -20,11 +20,12 @@ widgets it replaces, the virtual `DOMNode`s of widgets' component-class styles, 
 workers with their tasks, and the rendered strips these hold (what a full collection
 found after 5 minutes of demo traffic: 37k objects). The attached console's RSS grew
 ~0.8 MiB/min, all of it such garbage: live pymalloc blocks and tracked objects grew
-(29 → 46 MB, 29k → 150k in 2 → 12 min), the same with `PYTHONMALLOC=malloc`, none with
-CPython's thresholds (`bench/console_live.py`, rss). A full pass over what is not frozen
-at start (~70k objects) took 30-80 ms of CPU on a loaded 2-core machine, one every 1-2
-minutes of demo traffic; CPython also skips it until a quarter as many objects as its
-last pass kept are new in the oldest generation.
+(29 → 46 MB, 29k → 150k in 2 → 12 min), the same with `PYTHONMALLOC=malloc`, +1.2 MiB
+in 16 min with CPython's thresholds (`bench/console_live.py`, rss). With these, a full
+pass over what is not frozen at start (60-80k objects) took ~75 ms of CPU (at most 112)
+on a loaded 2-core machine, about one a minute of demo traffic, ~0.1% of a core (the
+generation-0 passes take ~0.6%); CPython also skips it until a quarter as many objects as
+its last pass kept are new in the oldest generation.
 """
 
 from __future__ import annotations
