@@ -1416,6 +1416,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--minutes", type=float, default=60.0, help="length of the rss phase (60)")
     p.add_argument("--sample-seconds", type=float, default=60.0, help="rss sampling period (60)")
+    p.add_argument(
+        "--rss-console",
+        action="append",
+        help="rss: a console, embedded[NAME] or attached[NAME], [:K=V,…] env vars; repeatable "
+        "(default: embedded and attached); e.g. attached-malloc:PYTHONMALLOC=malloc",
+    )
+    p.add_argument(
+        "--rss-dump-dir",
+        type=Path,
+        help="rss: at --rss-dump-at, allocator statistics and smaps of each console here",
+    )
+    p.add_argument("--rss-dump-at", default="5,25", help="rss: minutes of the dumps (5,25)")
     p.add_argument("--data-dir", type=Path, help="parent of the temporary directories")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     # child processes

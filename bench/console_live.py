@@ -17,7 +17,11 @@ shares its helpers with `bench/console.py`; results in docs/benchmarks.md, "Cons
   `obelisk server run` on the demo deployment with the same demo traffic driven from the
   bench process (so that process is the console alone). RSS (VmRSS, RssAnon) and CPU of
   each console process every `--sample-seconds` (60); the RSS after 5 minutes against the
-  RSS at the end.
+  RSS at the end. `--rss-console` picks the consoles (several attached ones share the
+  server and the traffic; each embedded one has its own engine) with env vars each, e.g.
+  `attached-main:PYTHONPATH=/work/main` against this checkout; `--rss-dump-dir` and
+  `--rss-dump-at` take allocator statistics, the collector's passes and smaps from each
+  (`bench/rss_hook`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -60,11 +65,13 @@ class TmuxConsole:
     """`obelisk-tui ARGS` in a detached tmux pane of SIZE, on a tmux server of our own
     (`-L`), so that other tmux sessions on the machine are not touched."""
 
-    def __init__(self, name: str, args: list[str]) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self.tmux = shutil.which("tmux") or "/usr/bin/tmux"
         self.socket = f"bench-console-{os.getpid()}"
         self.session = name
-        cmd = " ".join(["exec", str(VENV_BIN / "obelisk-tui"), *args])
+        # `env` execs the console: the pane's pid stays the console's.
+        extra = ["env", *(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())]
+        cmd = " ".join(["exec", *(extra if env else []), str(VENV_BIN / "obelisk-tui"), *args])
         self._tmux("new-session", "-d", "-s", name, "-x", str(SIZE[0]), "-y", str(SIZE[1]), cmd)
         self.pid = int(self._tmux("display-message", "-p", "-t", name, "#{pane_pid}").strip())
 
@@ -159,12 +166,31 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
     consoles: dict[str, TmuxConsole] = {}
     # SIGTERM (a `timeout`, a kill): still stop the consoles and the server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    dumps: Path | None = args.rss_dump_dir
+    # The consoles run this checkout's code (the venv's editable install may be another's),
+    # with the hook (`bench/rss_hook`) for the dumps and OBELISK_RSS_GC_THRESHOLDS.
+    hook_env = {"PYTHONPATH": str(REPO)}
+    if dumps is not None:
+        dumps.mkdir(parents=True, exist_ok=True)
+        hook_env["OBELISK_RSS_DUMP_DIR"] = str(dumps.resolve())
+    dump_at = sorted(float(m) for m in args.rss_dump_at.split(",") if m)
     try:
-        consoles["embedded"] = TmuxConsole(
-            f"rss-embedded-{os.getpid()}", ["--demo", "--data-dir", str(emb_data)]
-        )
-        consoles["attached"] = TmuxConsole(f"rss-attached-{os.getpid()}", ["--attach", server.url])
-        data_of = {"embedded": emb_data, "attached": att_data}
+        data_of: dict[str, Path] = {}
+        for spec in args.rss_console or ["embedded", "attached"]:
+            name, _, env_spec = spec.partition(":")
+            pairs = re.split(r",(?=[A-Za-z_]\w*=)", env_spec)  # a value may hold commas
+            env = {**hook_env, **dict(kv.split("=", 1) for kv in pairs if kv)}
+            env["PYTHONPATH"] += f":{REPO / 'bench' / 'rss_hook'}"  # also with another's code
+            if name.startswith("embedded"):  # each its own engine and data
+                data_of[name] = emb_data if name == "embedded" else tmp / f"rss-{name}"
+                data_of[name].mkdir(parents=True, exist_ok=True)
+                cargs = ["--demo", "--data-dir", str(data_of[name])]
+            elif name.startswith("attached"):
+                cargs = ["--attach", server.url]
+                data_of[name] = att_data
+            else:
+                raise SystemExit(f"--rss-console {spec}: embedded[NAME] or attached[NAME][:K=V,…]")
+            consoles[name] = TmuxConsole(f"rss-{name}-{os.getpid()}", cargs, env)
         started: dict[str, float | None] = {}
 
         async def run() -> dict[str, Any]:
@@ -205,6 +231,11 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
                     )
                     last[k] = cpu
                 t_last = now
+                if dumps is not None and dump_at and (now - t0) / 60 >= dump_at[0] - 0.01:
+                    dump_at.pop(0)
+                    for k, c in consoles.items():
+                        if c.alive():
+                            dump_memory(c.pid, k, dumps)
                 load = os.getloadavg()
                 say(
                     "rss sample "
@@ -254,6 +285,15 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
                 check=False,
             )
         server.stop()
+
+
+def dump_memory(pid: int, name: str, dumps: Path) -> None:
+    """SIGUSR1 to the console (`bench/rss_hook`: Python's and glibc's allocator
+    statistics into DIR/PID-N.txt) and a copy of its /proc/PID/smaps (DIR/PID-N.smaps)."""
+    n = len(list(dumps.glob(f"{pid}-*.smaps")))
+    shutil.copyfile(f"/proc/{pid}/smaps", dumps / f"{pid}-{n}.smaps")
+    (dumps / f"{pid}.name").write_text(name)
+    os.kill(pid, signal.SIGUSR1)
 
 
 def rss_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -111,7 +111,7 @@ class ObeliskApp(App[None]):
             # Already for the start: its allocations (the engine's imports and loading,
             # the screens' composition) mostly live on; with CPython's thresholds the
             # collector ran ~170 times before the first frame (75-120 ms of its CPU).
-            gc_tuning.tune_gc()
+            gc_tuning.tune_gc(gc_tuning.CONSOLE_THRESHOLDS)
         self.now = now or (lambda: datetime.now(UTC))
         #: Whether to follow the engine's changes (tests of fixed data turn it off).
         self.live = live
@@ -158,9 +158,10 @@ class ObeliskApp(App[None]):
         await self.switch_screen(executions)
         if self._tune_gc:
             # What was allocated so far lives for the whole session: out of the
-            # collector's way, and its later passes rarer (much is allocated per refresh).
+            # collector's way, and its later passes rarer (much is allocated per refresh);
+            # but full ones regular: Textual leaves many cycles (`engine.gc_tuning`).
             gc.freeze()
-            gc_tuning.tune_gc()
+            gc_tuning.tune_gc(gc_tuning.CONSOLE_THRESHOLDS)
         if self.live:
             self.follow_changes()  # from the generation now: the list's first load is newer
             self.set_interval(1.0, self._tick)
