@@ -27,10 +27,12 @@ from engine.runtimes.outcome import (  # noqa: E402
     RunTimedOut,
     RunTrap,
 )
+from engine.runtimes.wasm import activity as wasm_activity  # noqa: E402
 from engine.runtimes.wasm.activity import (  # noqa: E402
     _POOL_TABLE_ELEMENTS,
     ACTIVITY_POOL_SLOTS,
     ComponentLoadError,
+    Interrupt,
     WasmActivityRunner,
     WasmEngine,
     inspect_exports,
@@ -151,7 +153,28 @@ def test_cancel_interrupts_a_spinning_guest_quickly(runner: WasmActivityRunner) 
     worker.join(2)
     latency = time.monotonic() - cancelled_at
     assert outcome == [RunCancelled()]
-    assert latency < 0.1  # ~one 5 ms epoch tick, with slack for a busy CI machine
+    assert latency < 0.1  # at most 8 epoch ticks of 5 ms, with slack for a busy CI machine
+
+
+def test_a_spinning_guest_is_checked_about_25_times_a_second(
+    runner: WasmActivityRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each check takes the GIL: a check every 5 ms tick for each spinning guest starved
+    the event loop with many of them; the checks are spaced out to every 8 ticks."""
+    checks: list[float] = []
+    install = wasm_activity.install_interrupt
+
+    def counting(store: Any, check: Any) -> Interrupt:
+        def counted() -> str | None:
+            checks.append(time.monotonic())
+            return check()  # type: ignore[no-any-return]
+
+        return install(store, counted)
+
+    monkeypatch.setattr(wasm_activity, "install_interrupt", counting)
+    assert run(runner, "spin", [], timeout=0.5) == RunTimedOut()
+    # 1, 2, 4, then every 8 ticks (40 ms): ~16 in 0.5 s; every tick would be ~100.
+    assert 3 <= len(checks) <= 30, len(checks)
 
 
 def test_cancel_already_set(runner: WasmActivityRunner) -> None:
