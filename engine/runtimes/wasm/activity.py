@@ -7,8 +7,8 @@ every ~5 ms. Every store gets an epoch-deadline callback (`install_interrupt`) t
 check function, while guest code runs, whether to stop (at the first tick, then spaced out
 to every 8 ticks: `Interrupt`); if so the guest traps with a marker error and the caller
 learns the reason (timeout, cancelled) from the `Interrupt`. A guest spinning in a loop is
-therefore stopped within ~40 ms. A guest
-blocked inside a host call (e.g. a WASI sleep) is only stopped once that call returns.
+therefore stopped within ~40 ms. A guest blocked inside a host call (e.g. a WASI sleep) is
+only stopped once that call returns.
 
 Host state. wasmtime-py keeps the last Python exception raised by a host function in a
 process-wide global, which one thread may pick up from another; our host functions never
