@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual.actions import SkipAction
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 
@@ -16,3 +17,18 @@ class KeyScroll(VerticalScroll):
         Binding("g", "scroll_home", "Top", show=False),
         Binding("G", "scroll_end", "Bottom", show=False),
     ]
+
+    # Textual defers a line's scroll until after the next refresh but computes its target
+    # when the key arrives: two keys between refreshes (`j j` typed fast, a held key, a
+    # busy embedded engine) both aimed one line below the same place and one was lost.
+    # These set the target at once, so each key moves on from where the last one aimed.
+
+    def action_scroll_down(self) -> None:
+        if not self.allow_vertical_scroll:
+            raise SkipAction()
+        self.scroll_down(immediate=True)
+
+    def action_scroll_up(self) -> None:
+        if not self.allow_vertical_scroll:
+            raise SkipAction()
+        self.scroll_up(immediate=True)

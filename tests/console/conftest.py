@@ -8,6 +8,7 @@ waits for a condition of the UI or of the engine, with a deadline (no fixed slee
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -121,6 +122,42 @@ async def console_engine(tmp_path: Path) -> AsyncIterator[Engine]:
 
 
 OpenConsole = Callable[..., Any]
+
+
+IDLE_CHECK_S = 0.005  # how long the main thread is watched at a time
+IDLE_CPU_S = IDLE_CHECK_S / 20  # under this much CPU in that time: idle (Textual's ratio)
+IDLE_WAIT_MAX_S = 0.1
+
+
+async def _main_thread_idle(min_sleep: float = 0.02, max_sleep: float = 1) -> None:
+    """Textual's `wait_for_idle` for a process with an engine in it: waits until the event
+    loop's thread, not the whole process, stops working, for at most `IDLE_WAIT_MAX_S`."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while True:
+        cpu = time.thread_time()
+        await asyncio.sleep(IDLE_CHECK_S)
+        elapsed = loop.time() - start
+        if elapsed >= min(max_sleep, IDLE_WAIT_MAX_S):
+            return
+        if elapsed > min_sleep and time.thread_time() - cpu < IDLE_CPU_S:
+            return
+
+
+@pytest.fixture(autouse=True)
+def _pilot_waits_for_the_main_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Textual's Pilot waits after every key until the *process* is idle (under 1 ms of CPU
+    in 20 ms, `textual._wait.wait_for_idle`), for up to 1 s, and `App._press_keys` twice
+    more. With an engine embedded in the test process (its guest, writer and epoch
+    threads) that is seldom true: every typed key cost up to ~3 s of waiting, most of the
+    console tests' time. The Pilot also waits for every widget of the screen to have
+    handled its messages (`_wait_for_screen`), and the tests wait for what they check
+    with `until`."""
+    import textual.app
+    import textual.pilot
+
+    monkeypatch.setattr(textual.app, "wait_for_idle", _main_thread_idle)
+    monkeypatch.setattr(textual.pilot, "wait_for_idle", _main_thread_idle)
 
 
 @asynccontextmanager

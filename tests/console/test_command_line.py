@@ -297,8 +297,14 @@ async def test_submit_help_and_quit(console_engine: Engine) -> None:
         await command(app, pilot, "help")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
         await pilot.press("end")  # after the keys; written as typed (not taken for markup)
-        await until(pilot, lambda: ":order [newest|oldest|changed]" in screen_text(app))
-        assert ":submit [FFQN [PARAMS]]" in screen_text(app)
+        await until(
+            pilot,
+            lambda: (
+                ":order [newest|oldest|changed]" in (text := screen_text(app))
+                and ":submit [FFQN [PARAMS]]" in text
+            ),
+            what="the commands at the end of the help",
+        )
         await pilot.press("escape")
         await command(app, pilot, "q")
         await until(pilot, lambda: not app.is_running, what="quit")

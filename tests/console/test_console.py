@@ -296,9 +296,10 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
         screen = app.screen
         assert isinstance(screen, ExecutionDetailScreen)
         await until(pilot, lambda: screen.info is not None, what="the execution to load")
+        await until(pilot, lambda: "Finished · ok" in screen_text(app), what="the state drawn")
         text = screen_text(app)
         assert eid in text and "PendingAt" in text and "BlockedByJoinSet" in text
-        assert "live" in text and "Finished · ok" in text
+        assert "live" in text
 
         # Events: one row per version; a submit shows its source line.
         await pilot.press("2")
@@ -336,10 +337,10 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
         )
         assert "time travel" in screen_text(app)
         await pilot.press("left_square_bracket")
-        assert screen.travel == submit_version - 1
+        await until(pilot, lambda: screen.travel == submit_version - 1, what="one version back")
         for _ in range(40):
             await pilot.press("right_square_bracket")
-        assert screen.travel is None  # back to live
+        await until(pilot, lambda: screen.travel is None, what="back to live")
         await until(pilot, lambda: "live" in screen_text(app), what="live again")
 
         # Children: the three steps; enter opens one, P its parent.
@@ -377,7 +378,7 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
             what="the explanation",
         )
         await pilot.press("escape", "escape")
-        assert app.screen is screen
+        await until(pilot, lambda: app.screen is screen, what="back to the first screen")
 
         # Logs and result.
         await pilot.press("4")
@@ -390,7 +391,7 @@ async def test_detail_tabs_backtrace_time_travel_children_logs_result(
         )
         assert screen.query_one(TabbedContent).active == "result"
         await pilot.press("escape")
-        assert isinstance(app.screen, ExecutionsScreen)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="the list")
 
 
 async def open_detail(app: ObeliskApp, pilot: Any, eid: str) -> None:
@@ -515,7 +516,10 @@ async def test_keys_scroll_the_state_tab_and_move_in_the_children_tab(
         await until(pilot, lambda: scroll.max_scroll_y > 0, what="a State tab taller than 24 rows")
         assert app.focused is scroll  # the tab's content, not the tab bar
         await pilot.press("j", "j")
-        await until(pilot, lambda: scroll.scroll_y >= 2, what="j scrolling")
+        await until(pilot, lambda: scroll.scroll_y == 2, what="j scrolling")
+        scroll.action_scroll_down()  # two keys between two refreshes: neither lost
+        scroll.action_scroll_down()
+        await until(pilot, lambda: scroll.scroll_y == 4, what="both")
         await pilot.press("end")
         await until(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y, what="end")
         await pilot.press("g")
