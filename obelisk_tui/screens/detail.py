@@ -39,8 +39,8 @@ from obelisk_tui.widgets.source_view import SourceView
 from obelisk_tui.widgets.state_view import StateView
 
 TABS = ("state", "events", "children", "logs", "result")
-#: What the first read reads: the status, the responses and the events.
-FirstRead = tuple[ExecutionInfo, list[ResponseEntry], list[EventEntry]]
+#: What a read found new: the status, the new responses and the new events.
+Changes = tuple[ExecutionInfo, list[ResponseEntry], list[EventEntry]]
 #: Seconds the footer waits for the first load before it shows the keys known without it.
 FOOTER_WAIT = 0.5
 
@@ -111,23 +111,44 @@ class ExecutionDetailScreen(CommandLineHost):
         # with 100k executions): its data is then shown on mount, before the first
         # layout, not after a layout and a frame without it. It writes nothing to the
         # screen: what it read is taken on mount or by the first load (`_take_first`).
-        self._first_read: asyncio.Task[FirstRead | None] | None = (
+        self._first_read: asyncio.Task[Changes | None] | None = (
             asyncio.get_running_loop().create_task(self._read_first())
         )
 
-    async def _read_first(self) -> FirstRead | None:
-        """The status, responses and events, as `_read` reads them the first time."""
-        backend = self.obelisk.backend
-        eid = self.execution_id
+    async def _read_first(self) -> Changes | None:
         try:
-            # Nothing read yet: the status and the responses at once, then the events.
-            info, responses = await asyncio.gather(backend.status(eid), backend.responses(eid, 0))
-            events = await backend.events(eid, 0)
-            if len(events) > info["next_version"]:  # written meanwhile
-                info = await backend.status(eid)
+            return await self._read_changes()
         except ApiError:
             return None  # the load worker reads again and says why
+
+    async def _read_changes(self) -> Changes | None:
+        """What changed since what the attributes hold: the status, and if it changed, the
+        new responses and events; None when the status is the same. Writes nothing."""
+        backend = self.obelisk.backend
+        eid = self.execution_id
+        known = len(self.events)
+        if self.info is None:  # nothing read yet: the status and the responses at once
+            info, responses = await asyncio.gather(backend.status(eid), backend.responses(eid, 0))
+        else:
+            info = await backend.status(eid)
+            if info == self.info:
+                return None
+            # Responses before events: each response read then has its request among
+            # the events read (they commit before or with it), so the fold is whole.
+            after = self.responses[-1]["cursor"] if self.responses else 0
+            responses = await backend.responses(eid, after)
+        events = await backend.events(eid, known) if info["next_version"] > known else []
+        if known + len(events) > info["next_version"]:  # written meanwhile
+            info = await backend.status(eid)
         return info, responses, events
+
+    def _take(self, changes: Changes) -> None:
+        """What a read found, into the attributes, to be shown (`_unshown`)."""
+        self.info, responses, events = changes
+        self.responses += responses
+        self.events += events
+        self.steps = self._timeline.update(self.events, self.responses)
+        self._unshown = True
 
     def _take_first(self) -> bool:
         """What the first read read, into the attributes, if it is done and read it."""
@@ -138,9 +159,7 @@ class ExecutionDetailScreen(CommandLineHost):
         read = None if first.cancelled() else first.result()
         if read is None or self.info is not None:
             return False
-        self.info, self.responses, self.events = read
-        self.steps = self._timeline.update(self.events, self.responses)
-        self._unshown = True
+        self._take(read)
         return True
 
     @property
@@ -261,21 +280,9 @@ class ExecutionDetailScreen(CommandLineHost):
     async def _read(self) -> None:
         """The execution's status, and its new responses and events if it changed, into
         the attributes (`_unshown` if anything changed)."""
-        backend = self.obelisk.backend
-        eid = self.execution_id
-        info = await backend.status(eid)
-        if info != self.info:
-            # Responses before events: each response read then has its request among
-            # the events read (they commit before or with it), so the fold is whole.
-            after = self.responses[-1]["cursor"] if self.responses else 0
-            self.responses += await backend.responses(eid, after)
-            if info["next_version"] > len(self.events):
-                self.events += await backend.events(eid, len(self.events))
-            if len(self.events) > info["next_version"]:  # written meanwhile
-                info = await backend.status(eid)
-            self.steps = self._timeline.update(self.events, self.responses)
-            self.info = info
-            self._unshown = True
+        changes = await self._read_changes()
+        if changes is not None:
+            self._take(changes)
 
     @work(exclusive=True, group="detail")
     async def load(self) -> None:
