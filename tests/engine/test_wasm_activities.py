@@ -347,6 +347,19 @@ async def test_wasm_that_is_not_a_component(
     assert "not a WebAssembly component" in message and reason in message
 
 
+async def test_allowed_host_is_refused_not_ignored(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    """A WASM guest's outgoing HTTP cannot be checked against host patterns (wasmtime's
+    `wasi:http` sends it): a deployment that asks for that does not load."""
+    toml = Deployment().activity_wasm(
+        "net", fx.activity_component(), allowed_host=["api.example.com"]
+    )
+    message = await start_error(start_engine, tmp_path, toml)
+    assert '[[activity_wasm]] #1 "net"' in message
+    assert "key `allowed_host`: not supported for WASM activities" in message
+
+
 async def test_two_components_exporting_one_ffqn(start_engine: StartEngine, tmp_path: Path) -> None:
     toml = wasm_section("first") + wasm_section("second")
     message = await start_error(start_engine, tmp_path, toml)

@@ -36,6 +36,15 @@ class ActivityWasm(ComponentKind):
         from engine.runtimes.wasm import activity as wasm_activity
 
         assert config.location is not None
+        if config.allowed_hosts:
+            # Refused rather than ignored: a host list that is not applied is worse than
+            # none. wasmtime's `wasi:http` sends a WASM guest's requests itself, with no
+            # hook for the host to check them against the patterns.
+            raise DeploymentError(
+                f"{config.section}, key `allowed_host`: not supported for WASM activities "
+                "yet (their outgoing HTTP cannot be checked against host patterns here); "
+                "remove the key, or write the activity in JS, where `allowed_host` applies"
+            )
         try:
             component = wasm_activity.load_activity(config.location, ctx.cache_dir, ctx.wasm_engine)
             signatures = wasm_activity.inspect_exports(component)
