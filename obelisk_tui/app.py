@@ -34,6 +34,7 @@ from obelisk_tui import cmdline, model, palette
 from obelisk_tui.backend import ConsoleBackend
 from obelisk_tui.commands import ExecutionCommands, ScreenCommands
 from obelisk_tui.messages import DataChanged, DeploymentReloaded, Restyled, Tick
+from obelisk_tui.screens.base import is_live
 from obelisk_tui.screens.components import reload_summary
 
 if TYPE_CHECKING:
@@ -228,6 +229,10 @@ class ObeliskApp(App[None]):
         does, the app's own actions are not."""
         if namespace is self or self.backend is None:
             return await super()._dispatch_action(namespace, action_name, params)
+        # A key for a screen that is being closed (`esc` and another key at once) finds
+        # its widgets going: it acts on nothing.
+        if not all(is_live(node) for node in namespace.ancestors_with_self if node is not self):
+            return False
         try:
             return await super()._dispatch_action(namespace, action_name, params)
         except Exception as e:

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 from textual.screen import Screen
+from textual.widgets import TabbedContent
 
 from engine.core.events import ResultOk
 from engine.engine import Engine
@@ -105,6 +106,30 @@ async def test_a_detail_screen_closed_during_its_load_does_not_crash(
         await until(pilot, lambda: backend.waiting == 0, what="the reads to return")
         await pilot.pause(0.1)
         assert app.is_running
+        assert app.screen_errors == []
+
+
+async def test_a_key_for_a_screen_being_closed_acts_on_nothing(console_engine: Engine) -> None:
+    """`esc` and a tab key at once (the monkey test's find): the key's action reached the
+    execution's screen while its widgets were being removed (NoMatches, survived)."""
+    engine = console_engine
+    eid = await engine.submit(STEP, [3])
+    await engine.result(eid, timeout=10)
+    async with open_console(engine) as (app, pilot):
+        await select(app, pilot, eid)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
+        screen = app.screen
+        await until(pilot, lambda: bool(screen.query(TabbedContent)), what="its tabs")
+        app.pop_screen()
+        # The moment its tabs are gone but the screen is still attached.
+        for _ in range(1000):
+            await asyncio.sleep(0)
+            if not screen.query(TabbedContent):
+                break
+        assert screen.is_attached and not screen.query(TabbedContent), "no such moment"
+        await app.run_action("tab('events')", screen)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="the list")
         assert app.screen_errors == []
 
 
