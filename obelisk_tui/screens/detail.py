@@ -107,6 +107,8 @@ class ExecutionDetailScreen(CommandLineHost):
         self._backtraces: dict[int, BacktraceInfo | None] = {}
         #: What was read is not shown yet (`_show`).
         self._unshown = False
+        #: The tab shown first (a tab key pressed before the screen was composed).
+        self._initial_tab = "state"
         # The first read begins now, while the screen is composed and mounted (~40 ms
         # with 100k executions): its data is then shown on mount, before the first
         # layout, not after a layout and a frame without it. It writes nothing to the
@@ -189,6 +191,8 @@ class ExecutionDetailScreen(CommandLineHost):
         if self._take_first():
             self._show()
             self.query_one(KeyFooter).release()
+        if self._initial_tab != "state":  # (chosen before the tabs existed)
+            self.action_tab(self._initial_tab)
         # The first load comes with the ScreenResume that follows the mount. Should it be
         # slow (a busy server), the footer shows the keys known without it meanwhile.
         self.set_timer(FOOTER_WAIT, self.query_one(KeyFooter).release)
@@ -225,7 +229,9 @@ class ExecutionDetailScreen(CommandLineHost):
 
     @property
     def active_tab(self) -> str:
-        return self.query_one(TabbedContent).active or "state"
+        for tabs in self.query(TabbedContent).results(TabbedContent):
+            return tabs.active or "state"
+        return self._initial_tab  # not composed yet
 
     @staticmethod
     def _tab_contents(tab: str) -> list[Widget]:
@@ -274,7 +280,11 @@ class ExecutionDetailScreen(CommandLineHost):
                 result.update(render_result(self.info))
 
     def action_tab(self, tab: str) -> None:
-        self.query_one(TabbedContent).active = tab
+        for tabs in self.query(TabbedContent).results(TabbedContent):
+            tabs.active = tab
+            return
+        # A key before the screen's widgets exist (right after `enter`): shown with them.
+        self._initial_tab = tab
 
     # -- data ----------------------------------------------------------------------------
     async def _read(self) -> None:

@@ -16,6 +16,7 @@ from engine.views import ExecutionInfo
 from obelisk_tui.backend import EmbeddedBackend
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from obelisk_tui.screens.executions import ExecutionsScreen
+from obelisk_tui.widgets.event_log import EventLog
 from tests.console.conftest import STEP, open_console, screen_text, until
 from tests.console.test_console import listed, select
 
@@ -130,6 +131,33 @@ async def test_a_key_for_a_screen_being_closed_acts_on_nothing(console_engine: E
         assert screen.is_attached and not screen.query(TabbedContent), "no such moment"
         await app.run_action("tab('events')", screen)
         await until(pilot, lambda: isinstance(app.screen, ExecutionsScreen), what="the list")
+        assert app.screen_errors == []
+
+
+async def test_a_tab_key_before_the_screen_is_composed_opens_that_tab(
+    console_engine: Engine,
+) -> None:
+    """`enter` then `2` at once (the monkey test's find): the tab key reached the new
+    execution screen before its widgets existed (NoMatches, survived)."""
+    engine = console_engine
+    eid = await engine.submit(STEP, [3])
+    await engine.result(eid, timeout=10)
+    async with open_console(engine) as (app, pilot):
+        app.open_execution(eid)
+        screen = app.screen
+        assert isinstance(screen, ExecutionDetailScreen) and not screen.query(TabbedContent)
+        await app.run_action("tab('events')", screen)
+        await until(pilot, lambda: bool(screen.query(TabbedContent)), what="its tabs")
+        await until(pilot, lambda: screen.active_tab == "events", what="the Events tab")
+        await until(
+            pilot,
+            lambda: (
+                screen.info is not None
+                and bool(logs := screen.query(EventLog))
+                and len(logs.first().events) == screen.info["next_version"]
+            ),
+            what="its events shown",
+        )
         assert app.screen_errors == []
 
 
