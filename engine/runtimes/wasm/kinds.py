@@ -38,8 +38,9 @@ class ActivityWasm(ComponentKind):
         assert config.location is not None
         if config.allowed_hosts:
             # Refused rather than ignored: a host list that is not applied is worse than
-            # none. wasmtime's `wasi:http` sends a WASM guest's requests itself, with no
-            # hook for the host to check them against the patterns.
+            # none. The linker's built-in `wasi:http` (`add_wasi_http`) sends a guest's
+            # requests itself and takes no hook; applying the patterns means defining
+            # `wasi:http/outgoing-handler` in the host (the linker allows shadowing).
             raise DeploymentError(
                 f"{config.section}, key `allowed_host`: not supported for WASM activities "
                 "yet (their outgoing HTTP cannot be checked against host patterns here); "
