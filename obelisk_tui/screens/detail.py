@@ -228,10 +228,15 @@ class ExecutionDetailScreen(CommandLineHost):
                 tree.tick(self.obelisk.now())
 
     @property
+    def _tabs(self) -> TabbedContent | None:
+        """The tabs; None before the screen is composed (a key right after `enter`)."""
+        tabs = self.query(TabbedContent)
+        return tabs.first() if tabs else None
+
+    @property
     def active_tab(self) -> str:
-        for tabs in self.query(TabbedContent).results(TabbedContent):
-            return tabs.active or "state"
-        return self._initial_tab  # not composed yet
+        tabs = self._tabs
+        return self._initial_tab if tabs is None else tabs.active or "state"
 
     @staticmethod
     def _tab_contents(tab: str) -> list[Widget]:
@@ -280,11 +285,11 @@ class ExecutionDetailScreen(CommandLineHost):
                 result.update(render_result(self.info))
 
     def action_tab(self, tab: str) -> None:
-        for tabs in self.query(TabbedContent).results(TabbedContent):
+        tabs = self._tabs
+        if tabs is None:  # shown once the tabs exist (`on_mount`)
+            self._initial_tab = tab
+        else:
             tabs.active = tab
-            return
-        # A key before the screen's widgets exist (right after `enter`): shown with them.
-        self._initial_tab = tab
 
     # -- data ----------------------------------------------------------------------------
     async def _read(self) -> None:
