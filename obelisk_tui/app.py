@@ -32,6 +32,7 @@ from engine.client import ApiError, ServerUnreachable
 from engine.views import upgrades_unchecked
 from obelisk_tui import cmdline, model, palette
 from obelisk_tui.backend import ConsoleBackend
+from obelisk_tui.collector_hold import CollectorHold
 from obelisk_tui.commands import ExecutionCommands, ScreenCommands
 from obelisk_tui.messages import DataChanged, DeploymentReloaded, Restyled, Tick
 from obelisk_tui.screens.base import is_live
@@ -108,6 +109,8 @@ class ObeliskApp(App[None]):
         self._on_connected = on_connected
         #: Process-wide GC settings: for the process that is the console (`obelisk-tui`).
         self._tune_gc = tune_gc
+        #: Holds the cyclic collector off while an execution's screen opens.
+        self.collector = CollectorHold(enabled=tune_gc)
         if tune_gc:
             # Already for the start: its allocations (the engine's imports and loading,
             # the screens' composition) mostly live on; with CPython's thresholds the
@@ -409,6 +412,7 @@ class ObeliskApp(App[None]):
     def open_execution(self, execution_id: str) -> None:
         from obelisk_tui.screens.detail import ExecutionDetailScreen
 
+        self.collector.hold()  # released by the screen once it is drawn filled
         self.push_screen(ExecutionDetailScreen(execution_id))
 
     def action_executions(self) -> None:

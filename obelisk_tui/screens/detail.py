@@ -190,7 +190,7 @@ class ExecutionDetailScreen(CommandLineHost):
         self.query_one("#detail-title", Static).update(Text(f" {self.execution_id}", "bold"))
         if self._take_first():
             self._show()
-            self.query_one(KeyFooter).release()
+            self._filled()
         if self._initial_tab != "state":  # (chosen before the tabs existed)
             self.action_tab(self._initial_tab)
         # The first load comes with the ScreenResume that follows the mount. Should it be
@@ -198,6 +198,7 @@ class ExecutionDetailScreen(CommandLineHost):
         self.set_timer(FOOTER_WAIT, self.query_one(KeyFooter).release)
 
     def on_unmount(self) -> None:
+        self.obelisk.collector.release()  # (closed before it was filled)
         # Closed before its first read was taken: the read is not wanted any more.
         if self._first_read is not None:
             self._first_read.cancel()
@@ -337,7 +338,13 @@ class ExecutionDetailScreen(CommandLineHost):
         if self.is_live:  # not when the screen was closed (or is closing) while we waited
             if self._unshown:  # (nothing changed: nothing redrawn)
                 self._show()
-            self.query_one(KeyFooter).release()
+            self._filled()
+
+    def _filled(self) -> None:
+        """The execution is shown: its keys in the footer, and once this frame is drawn,
+        the garbage collector that the opening held off (`ObeliskApp.open_execution`)."""
+        self.query_one(KeyFooter).release()
+        self.call_after_refresh(self.obelisk.collector.release)
 
     def _show(self) -> None:
         info = self.info
