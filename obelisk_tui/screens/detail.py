@@ -382,7 +382,7 @@ class ExecutionDetailScreen(CommandLineHost):
         title.append(f" {eid}", "bold")
         title.append(f"  {ffqn}")
         title.append(parent, palette.COLOURS["muted"])
-        widget.update(title)
+        widget.update(title, layout=False)
 
     def on_resize(self) -> None:
         self._show_title()

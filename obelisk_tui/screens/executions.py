@@ -122,7 +122,8 @@ class ExecutionsScreen(CommandLineHost):
         title.update(
             list_query.list_title(
                 self._title_total, self.query_state, len(lst.marked), width, lst.follow
-            )
+            ),
+            layout=False,
         )
 
     def on_resize(self) -> None:

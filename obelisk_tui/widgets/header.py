@@ -29,7 +29,8 @@ class ObeliskHeader(Header):
         async def set_title() -> None:
             # Not composed yet, or being removed: nothing to update.
             with contextlib.suppress(NoScreen, NoMatches):
-                self.query_one(HeaderTitle).update(self.format_title())
+                # One line whatever the title (nowrap, ellipsis): no layout of the screen.
+                self.query_one(HeaderTitle).update(self.format_title(), layout=False)
 
         self.watch(self.app, "title", set_title)
         self.watch(self.app, "sub_title", set_title)

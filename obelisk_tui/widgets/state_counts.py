@@ -53,7 +53,7 @@ class StateCounts(Horizontal):
     def show_rate(self) -> None:
         if not self.is_mounted:
             return
-        self.query_one("#rate", Static).update(rate_text(self.throughput))
+        self.query_one("#rate", Static).update(rate_text(self.throughput), layout=False)
         self.query_one("#throughput", Sparkline).data = self.throughput.bars
 
     def _layout(self) -> None:
@@ -73,7 +73,7 @@ class StateCounts(Horizontal):
         else:
             text = short
             sparkline.display = width >= short.cell_len + RATE_WIDTH + SPARKLINE_WIDTH
-        self.query_one("#counts", Static).update(text)
+        self.query_one("#counts", Static).update(text, layout=False)
 
 
 #: State names in the counts bar of a narrow terminal.
