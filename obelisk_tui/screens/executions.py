@@ -22,7 +22,7 @@ from obelisk_tui.screens.run_command import CommandLineHost
 from obelisk_tui.widgets.execution_list import ExecutionList
 from obelisk_tui.widgets.header import ObeliskHeader
 from obelisk_tui.widgets.key_footer import KeyFooter
-from obelisk_tui.widgets.state_counts import StateCounts
+from obelisk_tui.widgets.state_counts import StateCounts, counts_total
 
 
 class ExecutionsScreen(CommandLineHost):
@@ -92,11 +92,12 @@ class ExecutionsScreen(CommandLineHost):
         if offset is None or limit is None:
             offset, limit = lst.window()
         backend = self.obelisk.backend
+        filtered = self.query_state.is_filtered
         try:
-            counts, total, rows = await asyncio.gather(
+            counts, rows, *filtered_total = await asyncio.gather(
                 backend.counts_by_state(results=True),
-                backend.count_executions(self.query_state),
                 backend.list_executions(self.query_state, offset, limit),
+                *([backend.count_executions(self.query_state)] if filtered else []),
             )
         except ApiError as e:
             self.obelisk.report_error(e)
@@ -106,6 +107,10 @@ class ExecutionsScreen(CommandLineHost):
         if not (self.is_live and lst.is_attached and bar):  # the app quit (or the
             return  # screen went, its widgets first) while we waited
         bar.first().show(counts, frozen=self.obelisk.frozen)
+        # Unfiltered, the list's total is the counts' (one read: the title and the counts
+        # agree even when an execution was created between two reads; a frozen list
+        # would show the two numbers apart until it is live again).
+        total = filtered_total[0] if filtered else counts_total(counts)
         lst.show_window(total, offset, rows)
         self._update_title(total)
         self._refresh_footer()

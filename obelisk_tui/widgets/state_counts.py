@@ -99,9 +99,14 @@ def rate_text(throughput: model.Throughput) -> str:
     return f"{throughput.rate:7.1f} fin/s"
 
 
+def counts_total(counts: dict[str, int]) -> int:
+    """Every execution counted: the states' counts (not the results': finished again)."""
+    return sum(counts.get(name, 0) for name in ORDER)
+
+
 def counts_text(counts: dict[str, int], *, frozen: bool = False, compact: bool = False) -> Text:
     text = Text(no_wrap=True)
-    total = sum(counts.get(name, 0) for name in ORDER)  # not the results: finished again
+    total = counts_total(counts)
     text.append(f" {total:,} " + ("" if compact else "executions "), "bold")
     for name in ORDER:
         if name == "finished" and "ok" in counts:

@@ -3,6 +3,7 @@ stays on its execution, failures found in one key (Pilot, a real embedded engine
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -13,12 +14,13 @@ from engine.engine import Engine
 from engine.views import STATE_NAMES
 from obelisk_tui import list_query
 from obelisk_tui.app import ObeliskApp
+from obelisk_tui.backend import EmbeddedBackend
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from obelisk_tui.screens.executions import ExecutionsScreen
 from obelisk_tui.screens.stub import StubScreen
 from obelisk_tui.widgets.execution_list import ExecutionList
-from obelisk_tui.widgets.state_counts import StateCounts
+from obelisk_tui.widgets.state_counts import StateCounts, counts_total
 from tests.console.conftest import APPROVE, STEP, open_console, screen_text, until
 
 
@@ -160,6 +162,57 @@ async def test_keys_act_on_the_chosen_row_when_new_executions_arrive(
 
 async def state_of(engine: Engine, eid: str) -> str:
     return str((await engine.status(eid)).state.__struct_config__.tag)
+
+
+class _CreatesBetweenReads(EmbeddedBackend):
+    """An execution is created just after the counts are read, before the list's other
+    reads (as traffic does at any moment): `armed` once."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine, label="test", owns_engine=False)
+        self.armed = False
+        self._counted = asyncio.Event()
+        self._counted.set()
+
+    async def counts_by_state(self, *, results: bool = False) -> dict[str, int]:
+        armed, self.armed = self.armed, False
+        if armed:
+            self._counted.clear()
+        counts = await super().counts_by_state(results=results)
+        if armed:
+            await self.engine.submit(APPROVE, ["between the reads"])
+            self._counted.set()
+        return counts
+
+    async def count_executions(self, query: list_query.ExecutionQuery) -> int:
+        await self._counted.wait()
+        return await super().count_executions(query)
+
+    async def list_executions(self, query: list_query.ExecutionQuery, *args: Any) -> Any:
+        await self._counted.wait()
+        return await super().list_executions(query, *args)
+
+
+async def test_the_unfiltered_lists_total_is_the_counts_total(console_engine: Engine) -> None:
+    """The title's total and the counts' agree although an execution was created between
+    the list's reads; frozen, nothing reads them again (the tmux test's flake)."""
+    engine = console_engine
+    await engine.submit(APPROVE, ["first"])
+    backend = _CreatesBetweenReads(engine)
+    async with open_console(backend=backend) as (app, pilot):
+        home = app.screen
+        assert isinstance(home, ExecutionsScreen)
+        lst = home.query_one(ExecutionList)
+        await until(pilot, lambda: lst.total == 1, what="the first execution listed")
+        await pilot.press("space")  # frozen: the next read is the last
+        assert app.frozen
+        backend.armed = True
+        await home.load().wait()
+        assert not backend.armed
+        counts, _ = home.query_one(StateCounts)._shown
+        assert counts_total(counts) == 1
+        assert lst.total == 1, "the title's total is not the counts' (1)"
+        assert await engine.count_executions(list_query.ExecutionQuery().to_filter()) == 2
 
 
 # -- 3. failures found ---------------------------------------------------------------------
