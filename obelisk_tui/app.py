@@ -236,6 +236,12 @@ class ObeliskApp(App[None]):
         # its widgets going: it acts on nothing.
         if not all(is_live(node) for node in namespace.ancestors_with_self if node is not self):
             return False
+        # A key for a screen whose widgets do not exist yet (`enter` and another key at
+        # once: the monkey test's finds, seeds 303 and 1555444897) acts once they do: a
+        # screen's queue is processed after its compose and mount.
+        if isinstance(namespace, Screen) and not namespace.is_mounted:
+            namespace.call_later(self._dispatch_action, namespace, action_name, params)
+            return True
         try:
             return await super()._dispatch_action(namespace, action_name, params)
         except Exception as e:

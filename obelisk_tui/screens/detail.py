@@ -107,8 +107,6 @@ class ExecutionDetailScreen(CommandLineHost):
         self._backtraces: dict[int, BacktraceInfo | None] = {}
         #: What was read is not shown yet (`_show`).
         self._unshown = False
-        #: The tab shown first (a tab key pressed before the screen was composed).
-        self._initial_tab = "state"
         # The first read begins now, while the screen is composed and mounted (~40 ms
         # with 100k executions): its data is then shown on mount, before the first
         # layout, not after a layout and a frame without it. It writes nothing to the
@@ -191,8 +189,6 @@ class ExecutionDetailScreen(CommandLineHost):
         if self._take_first():
             self._show()
             self._filled()
-        if self._initial_tab != "state":  # (chosen before the tabs existed)
-            self.action_tab(self._initial_tab)
         # The first load comes with the ScreenResume that follows the mount. Should it be
         # slow (a busy server), the footer shows the keys known without it meanwhile.
         self.set_timer(FOOTER_WAIT, self.query_one(KeyFooter).release)
@@ -237,7 +233,7 @@ class ExecutionDetailScreen(CommandLineHost):
     @property
     def active_tab(self) -> str:
         tabs = self._tabs
-        return self._initial_tab if tabs is None else tabs.active or "state"
+        return "state" if tabs is None else tabs.active or "state"
 
     @staticmethod
     def _tab_contents(tab: str) -> list[Widget]:
@@ -287,9 +283,7 @@ class ExecutionDetailScreen(CommandLineHost):
 
     def action_tab(self, tab: str) -> None:
         tabs = self._tabs
-        if tabs is None:  # shown once the tabs exist (`on_mount`)
-            self._initial_tab = tab
-        else:
+        if tabs is not None:  # (a key before they exist waits for them: `_dispatch_action`)
             tabs.active = tab
 
     # -- data ----------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
@@ -57,22 +59,12 @@ class StateCounts(Horizontal):
         self.query_one("#throughput", Sparkline).data = self.throughput.bars
 
     def _layout(self) -> None:
-        """The counts come first: written in full with the sparkline when both fit, else
-        without the sparkline, else short (with the sparkline if that fits)."""
         if not self.is_mounted:
             return
         counts, frozen = self._shown
-        width = self.size.width
-        full = counts_text(counts, frozen=frozen)
-        short = counts_text(counts, frozen=frozen, compact=True)
-        sparkline = self.query_one("#throughput", Sparkline)
-        if width >= full.cell_len + RATE_WIDTH + SPARKLINE_WIDTH:
-            text, sparkline.display = full, True
-        elif width >= full.cell_len + RATE_WIDTH:
-            text, sparkline.display = full, False
-        else:
-            text = short
-            sparkline.display = width >= short.cell_len + RATE_WIDTH + SPARKLINE_WIDTH
+        text, rate, sparkline = fit_counts(counts, self.size.width, frozen=frozen)
+        self.query_one("#rate", Static).display = rate
+        self.query_one("#throughput", Sparkline).display = sparkline
         self.query_one("#counts", Static).update(text, layout=False)
 
 
@@ -104,25 +96,69 @@ def counts_total(counts: dict[str, int]) -> int:
     return sum(counts.get(name, 0) for name in ORDER)
 
 
-def counts_text(counts: dict[str, int], *, frozen: bool = False, compact: bool = False) -> Text:
+def fit_counts(
+    counts: dict[str, int], width: int, *, frozen: bool = False
+) -> tuple[Text, bool, bool]:
+    """The counts' text for `width` columns, and whether the rate and the sparkline are
+    shown beside it. The counts come first: in full with the rate and the sparkline when
+    they fit, then without the sparkline, then short names, then short numbers (`12.3k`),
+    then without the rate; never cut but with an ellipsis."""
+    forms: tuple[tuple[CountsForm, bool, bool], ...] = (
+        ("full", True, True),
+        ("full", True, False),
+        ("compact", True, True),
+        ("compact", True, False),
+        ("tight", True, False),
+        ("tight", False, False),
+    )
+    for form, rate, sparkline in forms:
+        text = counts_text(counts, frozen=frozen, form=form)
+        if text.cell_len + RATE_WIDTH * rate + SPARKLINE_WIDTH * sparkline <= width:
+            return text, rate, sparkline
+    text.overflow = "ellipsis"
+    return text, False, False
+
+
+def short_number(n: int) -> str:
+    """`n` in at most 4 characters: 999, 1.2k, 12k, 123k, 1.2M, 12M."""
+    if n < 1000:
+        return str(n)
+    for divisor, unit in ((1000, "k"), (1_000_000, "M"), (1_000_000_000, "G")):
+        value = n / divisor
+        shown = f"{value:.1f}" if value < 9.95 else f"{value:.0f}"
+        if float(shown) < 1000:
+            return shown + unit
+    return f"{n / 1e12:.0f}T"
+
+
+CountsForm = Literal["full", "compact", "tight"]
+
+
+def counts_text(counts: dict[str, int], *, frozen: bool = False, form: CountsForm = "full") -> Text:
+    """`form`: "full" (state names, `1,234`), "compact" (short names), "tight" (short
+    names, short numbers, one space apart)."""
+    compact = form != "full"
+    number = short_number if form == "tight" else "{:,}".format
+    lead = "" if form == "tight" else " "  # (each count ends with a space)
     text = Text(no_wrap=True)
     total = counts_total(counts)
-    text.append(f" {total:,} " + ("" if compact else "executions "), "bold")
+    text.append(f" {number(total)} " + ("" if compact else "executions "), "bold")
+
+    def append(n: int, label: str, colour: str) -> None:
+        style = model.STATE_COLOURS[colour] if n else palette.COLOURS["muted"]
+        text.append(f"{lead}{label} ", style)
+        text.append(number(n), ("bold " + style) if n else style)
+        text.append(" ")
+
     for name in ORDER:
         if name == "finished" and "ok" in counts:
             # What ended how: failures are what an operator looks for.
             for key, colour, label, short in RESULTS:
-                _append_count(text, counts.get(key, 0), short if compact else label, colour)
+                append(counts.get(key, 0), short if compact else label, colour)
             continue
-        label = COMPACT_NAMES[name] if compact else model.STATE_SHORT[name]
-        _append_count(text, counts.get(name, 0), label, name)
+        append(
+            counts.get(name, 0), COMPACT_NAMES[name] if compact else model.STATE_SHORT[name], name
+        )
     if frozen:
-        text.append("  ❚❚ FROZEN (space) ", palette.badge("mark"))
+        text.append("  ❚❚ FROZEN (space) " if form != "tight" else " ❚❚ ", palette.badge("mark"))
     return text
-
-
-def _append_count(text: Text, n: int, label: str, colour: str) -> None:
-    style = model.STATE_COLOURS[colour] if n else palette.COLOURS["muted"]
-    text.append(f" {label} ", style)
-    text.append(f"{n:,}", ("bold " + style) if n else style)
-    text.append(" ")

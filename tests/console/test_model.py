@@ -505,6 +505,77 @@ async def test_counts_bar_fits_a_narrow_terminal(width: int, wide: bool) -> None
         assert len(text.rstrip()) <= counts_box.size.width
 
 
+BIG_COUNTS = {
+    "pending_at": 4_528,
+    "locked": 1_941,
+    "blocked_by_join_set": 700,
+    "paused": 80,
+    "cancelling": 0,
+    "finished": 92_751,
+    "ok": 80_000,
+    "err": 7_000,
+    "failed": 5_751,
+}
+
+
+@pytest.mark.parametrize(
+    ("counts", "frozen", "last"),
+    [
+        (  # the tmux test's pane (719 executions), where it was seen
+            {
+                **dict.fromkeys(BIG_COUNTS, 0),
+                **{"pending_at": 4, "locked": 1, "blocked_by_join_set": 2},
+                **{"finished": 712, "ok": 693, "err": 14, "failed": 5},
+            },
+            False,
+            "fail 5",
+        ),
+        (BIG_COUNTS, False, "fail 5.8k"),
+        (BIG_COUNTS, True, "fail 5.8k"),
+    ],
+)
+async def test_counts_are_never_cut_at_80_columns(
+    counts: dict[str, int], frozen: bool, last: str
+) -> None:
+    """At 80 columns the short names with `1,234` numbers did not fit beside the rate
+    once there were hundreds of executions: the failures' count, last, was cut off. The
+    numbers shorten (`5.8k`), then the rate goes; the counts stay whole."""
+    from textual.app import App, ComposeResult
+    from textual.widgets import Static
+
+    from obelisk_tui.widgets.state_counts import StateCounts
+
+    class Host(App[None]):
+        def compose(self) -> ComposeResult:
+            yield StateCounts(id="counts")
+
+    async with Host().run_test(size=(80, 5)) as pilot:
+        bar = pilot.app.query_one(StateCounts)
+        bar.show(counts, frozen=frozen)
+        await pilot.pause()
+        counts_box = bar.query_one("#counts", Static)
+        text = str(counts_box.render()).rstrip()
+        assert text.endswith(last) or (frozen and last + "  ❚❚" in text), text
+        assert "…" not in text and len(text) <= counts_box.size.width
+        rate = bar.query_one("#rate", Static)
+        assert rate.display is (counts is not BIG_COUNTS), "the rate gives way last"
+
+
+def test_short_numbers() -> None:
+    from obelisk_tui.widgets.state_counts import short_number
+
+    assert [short_number(n) for n in (0, 999, 1_049, 9_949, 9_950, 12_345, 999_999)] == [
+        "0",
+        "999",
+        "1.0k",
+        "9.9k",
+        "10k",
+        "12k",
+        "1.0M",
+    ]
+    assert short_number(1_234_567) == "1.2M" and short_number(123_456_789) == "123M"
+
+
 def test_columns_at_80_keep_age_and_narrow_state() -> None:
     titles = dict(layout(77))  # 80 columns less the scrollbar
     assert titles["STATE"] == 14 and "AGE" in titles and titles["FFQN"] >= 24

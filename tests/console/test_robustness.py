@@ -16,6 +16,7 @@ from engine.views import ExecutionInfo
 from obelisk_tui.backend import EmbeddedBackend
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from obelisk_tui.screens.executions import ExecutionsScreen
+from obelisk_tui.widgets.command_line import CommandLine
 from obelisk_tui.widgets.event_log import EventLog
 from tests.console.conftest import STEP, open_console, screen_text, until
 from tests.console.test_console import listed, select
@@ -158,6 +159,24 @@ async def test_a_tab_key_before_the_screen_is_composed_opens_that_tab(
             ),
             what="its events shown",
         )
+        assert app.screen_errors == []
+
+
+async def test_a_command_line_key_before_the_screen_is_composed_opens_it(
+    console_engine: Engine,
+) -> None:
+    """`enter` then `:` at once (the monkey test's find, seed 1555444897): any action of a
+    screen whose widgets do not exist yet waits for them (`ObeliskApp._dispatch_action`)."""
+    engine = console_engine
+    eid = await engine.submit(STEP, [3])
+    await engine.result(eid, timeout=10)
+    async with open_console(engine) as (app, pilot):
+        app.open_execution(eid)
+        screen = app.screen
+        assert isinstance(screen, ExecutionDetailScreen) and not screen.query(CommandLine)
+        await app.run_action("command_line", screen)
+        await until(pilot, lambda: bool(screen.query(CommandLine)), what="its command line")
+        await until(pilot, lambda: screen.query_one(CommandLine).display, what="it open")
         assert app.screen_errors == []
 
 
