@@ -209,7 +209,9 @@ def _pick(rows: list[Row]) -> tuple[int, Row]:
 def test_console_in_tmux(tmux: Tmux, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for var in ("TMUX", "TMUX_PANE", "OBELISK_API_TOKEN", "TEXTUAL"):
+    # (COLUMNS and LINES: pytest-xdist sets them to 80 and 24, which the console would
+    # take over the pane's size.)
+    for var in ("TMUX", "TMUX_PANE", "OBELISK_API_TOKEN", "TEXTUAL", "COLUMNS", "LINES"):
         env.pop(var, None)
     if not any("utf" in env.get(v, "").lower() for v in ("LC_ALL", "LC_CTYPE", "LANG")):
         env["LANG"] = "C.UTF-8"  # the console draws with box and block characters

@@ -642,16 +642,16 @@ class SqliteStorage:
             return {state: count for state, count in rows}
         # Two index-only counts: by state, and the finished by result class (the
         # partial index of migration 6; named, or SQLite picks the state index and
-        # reads every finished summary).
-        by_state = await self._reader.execute_fetchall(
-            "SELECT state, count(*) FROM executions WHERE state != 'finished' GROUP BY state"
+        # reads every finished summary). In one statement: one snapshot, so that an
+        # execution finishing (or created) meanwhile is counted once, and the counts add
+        # up to the executions there are (the console's list total is their sum).
+        rows = await self._reader.execute_fetchall(
+            "SELECT state, NULL, count(*) FROM executions WHERE state != 'finished' "
+            f"GROUP BY state UNION ALL SELECT 'finished', {RESULT_CLASS_SQL}, count(*) "
+            "FROM executions INDEXED BY executions_result_class WHERE state = 'finished' "
+            "GROUP BY 2"
         )
-        by_result = await self._reader.execute_fetchall(
-            f"SELECT {RESULT_CLASS_SQL}, count(*) FROM executions "
-            "INDEXED BY executions_result_class WHERE state = 'finished' GROUP BY 1"
-        )
-        split: list[tuple[str, str | None, int]] = [(state, None, n) for state, n in by_state]
-        split += [("finished", kind, n) for kind, n in by_result]
+        split: list[tuple[str, str | None, int]] = [(state, kind, n) for state, kind, n in rows]
         return counts_with_results(split)
 
     async def get_logs(
