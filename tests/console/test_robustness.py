@@ -135,11 +135,14 @@ async def test_a_key_for_a_screen_being_closed_acts_on_nothing(console_engine: E
         assert app.screen_errors == []
 
 
-async def test_a_tab_key_before_the_screen_is_composed_opens_that_tab(
-    console_engine: Engine,
+@pytest.mark.parametrize("action", ["tab('events')", "command_line"])
+async def test_a_key_before_the_screen_is_composed_acts_once_it_is(
+    console_engine: Engine, action: str
 ) -> None:
-    """`enter` then `2` at once (the monkey test's find): the tab key reached the new
-    execution screen before its widgets existed (NoMatches, survived)."""
+    """`enter` then `2`, or `enter` then `:`, at once (the monkey test's finds, seeds 303
+    and 1555444897): the key reached the new execution screen before its widgets existed
+    (NoMatches, survived). Any action of such a screen waits for them
+    (`ObeliskApp._dispatch_action`)."""
     engine = console_engine
     eid = await engine.submit(STEP, [3])
     await engine.result(eid, timeout=10)
@@ -147,36 +150,21 @@ async def test_a_tab_key_before_the_screen_is_composed_opens_that_tab(
         app.open_execution(eid)
         screen = app.screen
         assert isinstance(screen, ExecutionDetailScreen) and not screen.query(TabbedContent)
-        await app.run_action("tab('events')", screen)
+        await app.run_action(action, screen)
         await until(pilot, lambda: bool(screen.query(TabbedContent)), what="its tabs")
-        await until(pilot, lambda: screen.active_tab == "events", what="the Events tab")
-        await until(
-            pilot,
-            lambda: (
-                screen.info is not None
-                and bool(logs := screen.query(EventLog))
-                and len(logs.first().events) == screen.info["next_version"]
-            ),
-            what="its events shown",
-        )
-        assert app.screen_errors == []
-
-
-async def test_a_command_line_key_before_the_screen_is_composed_opens_it(
-    console_engine: Engine,
-) -> None:
-    """`enter` then `:` at once (the monkey test's find, seed 1555444897): any action of a
-    screen whose widgets do not exist yet waits for them (`ObeliskApp._dispatch_action`)."""
-    engine = console_engine
-    eid = await engine.submit(STEP, [3])
-    await engine.result(eid, timeout=10)
-    async with open_console(engine) as (app, pilot):
-        app.open_execution(eid)
-        screen = app.screen
-        assert isinstance(screen, ExecutionDetailScreen) and not screen.query(CommandLine)
-        await app.run_action("command_line", screen)
-        await until(pilot, lambda: bool(screen.query(CommandLine)), what="its command line")
-        await until(pilot, lambda: screen.query_one(CommandLine).display, what="it open")
+        if action == "command_line":
+            await until(pilot, lambda: screen.query_one(CommandLine).display, what="it open")
+        else:
+            await until(pilot, lambda: screen.active_tab == "events", what="the Events tab")
+            await until(
+                pilot,
+                lambda: (
+                    screen.info is not None
+                    and bool(logs := screen.query(EventLog))
+                    and len(logs.first().events) == screen.info["next_version"]
+                ),
+                what="its events shown",
+            )
         assert app.screen_errors == []
 
 
