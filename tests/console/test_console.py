@@ -672,6 +672,10 @@ async def test_submit_form_checks_params_and_opens_the_new_execution(
         area = form.query_one(TextArea)
         assert area.text == "[0]"
         assert "n: u32" in screen_text(app)
+        # Highlighted as JSON (tree-sitter): the number drawn in another style than "[".
+        assert area.is_syntax_aware and area.language == "json"
+        spans = area._highlights.get(0, [])  # (Textual's, per line: start, end, name)
+        assert any(start <= 1 < end for start, end, _ in spans), spans
         area.text = "[-1]"
         await until(
             pilot,
