@@ -32,9 +32,9 @@ from engine.client import ApiError, ServerUnreachable
 from engine.views import upgrades_unchecked
 from obelisk_tui import cmdline, model, palette
 from obelisk_tui.backend import ConsoleBackend
-from obelisk_tui.collector_hold import CollectorHold
 from obelisk_tui.commands import ExecutionCommands, ScreenCommands
 from obelisk_tui.messages import DataChanged, DeploymentReloaded, Restyled, Tick
+from obelisk_tui.opening_hold import OpeningHold
 from obelisk_tui.screens.base import is_live
 from obelisk_tui.screens.components import reload_summary
 
@@ -109,8 +109,9 @@ class ObeliskApp(App[None]):
         self._on_connected = on_connected
         #: Process-wide GC settings: for the process that is the console (`obelisk-tui`).
         self._tune_gc = tune_gc
-        #: Holds the cyclic collector off while an execution's screen opens.
-        self.collector = CollectorHold(enabled=tune_gc)
+        #: While an execution's screen opens: the collector held off, the GIL shared
+        #: more often (`obelisk_tui.opening_hold`).
+        self.opening = OpeningHold(enabled=tune_gc)
         if tune_gc:
             # Already for the start: its allocations (the engine's imports and loading,
             # the screens' composition) mostly live on; with CPython's thresholds the
@@ -418,7 +419,7 @@ class ObeliskApp(App[None]):
     def open_execution(self, execution_id: str) -> None:
         from obelisk_tui.screens.detail import ExecutionDetailScreen
 
-        self.collector.hold()  # released by the screen once it is drawn filled
+        self.opening.hold()  # released by the screen once it is drawn filled
         self.push_screen(ExecutionDetailScreen(execution_id))
 
     def action_executions(self) -> None:

@@ -194,7 +194,7 @@ class ExecutionDetailScreen(CommandLineHost):
         self.set_timer(FOOTER_WAIT, self.query_one(KeyFooter).release)
 
     def on_unmount(self) -> None:
-        self.obelisk.collector.release()  # (closed before it was filled)
+        self.obelisk.opening.release()  # (closed before it was filled)
         # Closed before its first read was taken: the read is not wanted any more.
         if self._first_read is not None:
             self._first_read.cancel()
@@ -336,9 +336,9 @@ class ExecutionDetailScreen(CommandLineHost):
 
     def _filled(self) -> None:
         """The execution is shown: its keys in the footer, and once this frame is drawn,
-        the garbage collector that the opening held off (`ObeliskApp.open_execution`)."""
+        the end of the opening's hold (`ObeliskApp.open_execution`, `OpeningHold`)."""
         self.query_one(KeyFooter).release()
-        self.call_after_refresh(self.obelisk.collector.release)
+        self.call_after_refresh(self.obelisk.opening.release)
 
     def _show(self) -> None:
         info = self.info
