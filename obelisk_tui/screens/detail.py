@@ -338,7 +338,8 @@ class ExecutionDetailScreen(CommandLineHost):
         """The execution is shown: its keys in the footer, and once this frame is drawn,
         the end of the opening's hold (`ObeliskApp.open_execution`, `OpeningHold`)."""
         self.query_one(KeyFooter).release()
-        self.call_after_refresh(self.obelisk.opening.release)
+        if self.obelisk.opening.held:  # (the first fill; later refreshes have none)
+            self.call_after_refresh(self.obelisk.opening.release)
 
     def _show(self) -> None:
         info = self.info

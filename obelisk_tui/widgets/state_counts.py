@@ -68,6 +68,9 @@ class StateCounts(Horizontal):
         self.query_one("#counts", Static).update(text, layout=False)
 
 
+#: How the counts are written (`counts_text`): widest first.
+CountsForm = Literal["full", "compact", "tight"]
+
 #: State names in the counts bar of a narrow terminal.
 COMPACT_NAMES = {
     "pending_at": "pend",
@@ -103,18 +106,17 @@ def fit_counts(
     shown beside it. The counts come first: in full with the rate and the sparkline when
     they fit, then without the sparkline, then short names, then short numbers (`12.3k`),
     then without the rate; never cut but with an ellipsis."""
-    forms: tuple[tuple[CountsForm, bool, bool], ...] = (
-        ("full", True, True),
-        ("full", True, False),
-        ("compact", True, True),
-        ("compact", True, False),
-        ("tight", True, False),
-        ("tight", False, False),
+    # Each form of the text, with the (rate, sparkline) beside it to try, most shown first.
+    forms: tuple[tuple[CountsForm, tuple[tuple[bool, bool], ...]], ...] = (
+        ("full", ((True, True), (True, False))),
+        ("compact", ((True, True), (True, False))),
+        ("tight", ((True, False), (False, False))),
     )
-    for form, rate, sparkline in forms:
+    for form, besides in forms:
         text = counts_text(counts, frozen=frozen, form=form)
-        if text.cell_len + RATE_WIDTH * rate + SPARKLINE_WIDTH * sparkline <= width:
-            return text, rate, sparkline
+        for rate, sparkline in besides:
+            if text.cell_len + RATE_WIDTH * rate + SPARKLINE_WIDTH * sparkline <= width:
+                return text, rate, sparkline
     text.overflow = "ellipsis"
     return text, False, False
 
@@ -129,9 +131,6 @@ def short_number(n: int) -> str:
         if float(shown) < 1000:
             return shown + unit
     return f"{n / 1e12:.0f}T"
-
-
-CountsForm = Literal["full", "compact", "tight"]
 
 
 def counts_text(counts: dict[str, int], *, frozen: bool = False, form: CountsForm = "full") -> Text:

@@ -19,6 +19,7 @@ import pytest
 from textual.pilot import Pilot
 
 from engine.engine import Engine
+from engine.views import ExecutionInfo
 from obelisk_tui.app import ObeliskApp
 from obelisk_tui.backend import ConsoleBackend, EmbeddedBackend
 from tests.fixtures.deployments import Deployment, ms, seconds
@@ -206,6 +207,26 @@ async def until(
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await pilot.pause(0.02)
+
+
+class GatedBackend(EmbeddedBackend):
+    """The embedded backend whose `status` reads wait for the test to open a gate: the
+    detail screen's load is held in the middle of its reads (as a slow disk or a busy
+    engine holds it) while the operator leaves the screen."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine, label="test", owns_engine=False)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = 0
+
+    async def status(self, execution_id: str) -> ExecutionInfo:
+        self.waiting += 1
+        try:
+            await self.gate.wait()
+        finally:
+            self.waiting -= 1
+        return await super().status(execution_id)
 
 
 def screen_text(app: ObeliskApp) -> str:

@@ -15,13 +15,12 @@ from engine.engine import Engine
 from obelisk_tui.opening_hold import OPENING_SWITCH_INTERVAL, OpeningHold
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from obelisk_tui.screens.executions import ExecutionsScreen
-from tests.console.conftest import STEP, open_console, until
+from tests.console.conftest import STEP, GatedBackend, open_console, until
 from tests.console.test_console import select
-from tests.console.test_robustness import _GatedBackend
 
 
 @pytest.fixture(autouse=True)
-def _collector_enabled_after() -> Iterator[None]:
+def _process_wide_settings_restored() -> Iterator[None]:
     assert gc.isenabled()
     interval = sys.getswitchinterval()
     yield
@@ -65,7 +64,7 @@ async def test_a_screen_closed_before_it_filled_resumes_the_collector(
     engine = console_engine
     eid = await engine.submit(STEP, [3])
     await engine.result(eid, timeout=10)
-    backend = _GatedBackend(engine)
+    backend = GatedBackend(engine)
     async with open_console(backend=backend) as (app, pilot):
         # (A limit the test never reaches: what resumes it is the screen.)
         app.opening = OpeningHold(enabled=True, max_hold=600)

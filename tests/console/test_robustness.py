@@ -12,13 +12,11 @@ from textual.widgets import TabbedContent
 
 from engine.core.events import ResultOk
 from engine.engine import Engine
-from engine.views import ExecutionInfo
-from obelisk_tui.backend import EmbeddedBackend
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from obelisk_tui.screens.executions import ExecutionsScreen
 from obelisk_tui.widgets.command_line import CommandLine
 from obelisk_tui.widgets.event_log import EventLog
-from tests.console.conftest import STEP, open_console, screen_text, until
+from tests.console.conftest import STEP, GatedBackend, open_console, screen_text, until
 from tests.console.test_console import listed, select
 
 
@@ -65,26 +63,6 @@ async def test_an_exception_in_a_screen_is_shown_and_the_engine_keeps_running(
         app.screen_errors.clear()
 
 
-class _GatedBackend(EmbeddedBackend):
-    """The embedded backend whose `status` reads wait for the test to open a gate: the
-    detail screen's load is held in the middle of its reads (as a slow disk or a busy
-    engine holds it) while the operator leaves the screen."""
-
-    def __init__(self, engine: Engine) -> None:
-        super().__init__(engine, label="test", owns_engine=False)
-        self.gate = asyncio.Event()
-        self.gate.set()
-        self.waiting = 0
-
-    async def status(self, execution_id: str) -> ExecutionInfo:
-        self.waiting += 1
-        try:
-            await self.gate.wait()
-        finally:
-            self.waiting -= 1
-        return await super().status(execution_id)
-
-
 @pytest.mark.parametrize("N", range(8))
 async def test_a_detail_screen_closed_during_its_load_does_not_crash(
     console_engine: Engine, N: int
@@ -92,7 +70,7 @@ async def test_a_detail_screen_closed_during_its_load_does_not_crash(
     engine = console_engine
     eid = await engine.submit(STEP, [3])
     await engine.result(eid, timeout=10)
-    backend = _GatedBackend(engine)
+    backend = GatedBackend(engine)
     async with open_console(backend=backend) as (app, pilot):
         await select(app, pilot, eid)
         backend.gate.clear()
