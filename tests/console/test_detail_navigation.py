@@ -321,8 +321,14 @@ async def test_durations_on_the_title_the_state_tab_and_the_children(
         assert finished is not None and created is not None
         took = model.duration_text((finished - created).total_seconds())
         await until(pilot, lambda: f" {took} " in screen_text(app).splitlines()[2], what="title")
-        assert re.search(
-            rf"duration\s+{re.escape(took)}\s+\(created → finished\)", screen_text(app)
+        await until(
+            pilot,
+            lambda: bool(
+                re.search(
+                    rf"duration\s+{re.escape(took)}\s+\(created → finished\)", screen_text(app)
+                )
+            ),
+            what="the State tab's duration",
         )
         await pilot.press("3")
         await until(
@@ -337,7 +343,12 @@ async def test_durations_on_the_title_the_state_tab_and_the_children(
         order = await engine.submit(ORDER, ["d-1"])
         screen = await open_detail(app, pilot, order)
         await until(pilot, lambda: "so far" in screen_text(app).splitlines()[2], what="running")
-        assert re.search(r"duration\s+\S+ so far\s+\(created → now\)", screen_text(app))
+        # (The title is repainted without a layout, the State tab with one: a frame apart.)
+        await until(
+            pilot,
+            lambda: bool(re.search(r"duration\s+\S+ so far\s+\(created → now\)", screen_text(app))),
+            what="the State tab's duration so far",
+        )
         await pilot.press("3")
         await until(
             pilot,
