@@ -246,6 +246,8 @@ def _forget_if_done(n: ExecutionSummary, js: str) -> None:
 
 
 def _require(cond: bool, message: str) -> None:
+    """For constant messages: a message naming values is formatted only when the rule
+    is broken (`if …: raise IllegalAppend(f"…")`), not on every event appended."""
     if not cond:
         raise IllegalAppend(message)
 
@@ -263,9 +265,14 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
         raise IllegalAppend("the execution is finished: nothing can be appended")
     n = _copy(s)
     n.next_version = s.next_version + 1
+    # The cases are disjoint; the most frequent come first (each case is a type test).
     match event:
-        case ev.Created():
-            raise IllegalAppend("created can only be the first event")
+        case ev.HistoryEvent(event=h):
+            if not (isinstance(u, Locked) or s.cancelling):
+                raise IllegalAppend(
+                    f"history events need a locked execution, state is {state_name(s.state)}"
+                )
+            _apply_history(n, h, now)
         case ev.Locked(executor_id=exr, run_id=run, lock_expires_at=expires):
             _require(expires > now, "lock_expires_at must be in the future")
             lock = LockRef(exr, run)
@@ -279,8 +286,8 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
             elif isinstance(u, PendingAt) and same_run and u.last_lock == lock:
                 pass  # the warm run continues after a response
             else:
-                _require(isinstance(u, PendingAt), f"cannot lock from state {state_name(s.state)}")
-                assert isinstance(u, PendingAt)
+                if not isinstance(u, PendingAt):
+                    raise IllegalAppend(f"cannot lock from state {state_name(s.state)}")
                 _require(u.scheduled_at <= now, "the execution is not due yet")
                 n.progressed_since_lock = False
             n.underlying = Locked(exr, run, expires)
@@ -302,9 +309,8 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
             | ev.TemporarilyTimedOut(backoff_expires_at=at)
             | ev.TemporarilyFailed(backoff_expires_at=at)
         ):
-            _require(
-                isinstance(u, Locked), f"{event.__struct_config__.tag} needs a locked execution"
-            )
+            if not isinstance(u, Locked):
+                raise IllegalAppend(f"{event.__struct_config__.tag} needs a locked execution")
             # The run has ended: only a response unblocking a waiting run (apply_response)
             # leaves a `last_lock` that may extend; a released or failed run must not skip
             # its backoff by "extending" from PendingAt.
@@ -321,12 +327,8 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
             n.join_sets = {}
             n.done_one_off_ks = []
             n.done_one_off = []
-        case ev.HistoryEvent(event=h):
-            _require(
-                isinstance(u, Locked) or s.cancelling,
-                f"history events need a locked execution, state is {state_name(s.state)}",
-            )
-            _apply_history(n, h, now)
+        case ev.Created():
+            raise IllegalAppend("created can only be the first event")
         case ev.Paused():
             _require(not s.cancelling, "a cancelling execution cannot be paused")
             _require(not s.paused, "the execution is already paused")
@@ -353,28 +355,25 @@ def _apply_history(n: ExecutionSummary, h: ev.HistoryEventKind, now: datetime) -
     n.progressed_since_lock = True
     match h:
         case ev.JoinSetCreate(join_set_id=js):
-            _require(
-                js not in n.join_sets and not is_done_one_off(n, js),
-                f"join set {js} already exists",
-            )
+            if js in n.join_sets or is_done_one_off(n, js):
+                raise IllegalAppend(f"join set {js} already exists")
             k = one_off_k(js)
             # A one-off join set is known by its k once done: k must be new.
-            _require(
-                k is None or all(one_off_k(o) != k for o in n.join_sets),
-                f"one-off join set {js}: another one-off join set has k = {k}",
-            )
+            if k is not None and any(one_off_k(o) == k for o in n.join_sets):
+                raise IllegalAppend(f"one-off join set {js}: another one-off join set has k = {k}")
             n.join_sets[js] = JoinSetCounters()
             n.join_set_count += 1
         case ev.JoinSetRequest(join_set_id=js):
             c = _counters(n, js)
-            _require(c is not None, f"join set {js} does not exist or is closed")
-            assert c is not None
+            if c is None:
+                raise IllegalAppend(f"join set {js} does not exist or is closed")
             c.submitted += 1
         case ev.JoinNext(join_set_id=js, run_expires_at=run_expires_at, closing=closing):
             c = _counters(n, js)
-            _require(c is not None, f"join set {js} does not exist")
-            assert c is not None
-            _require(c.consumed < c.submitted, f"join_next on {js} with nothing left to await")
+            if c is None:
+                raise IllegalAppend(f"join set {js} does not exist")
+            if c.consumed >= c.submitted:
+                raise IllegalAppend(f"join_next on {js} with nothing left to await")
             c.consumed += 1
             if c.received < c.consumed:
                 blocked_run = n.last_lock
@@ -382,29 +381,34 @@ def _apply_history(n: ExecutionSummary, h: ev.HistoryEventKind, now: datetime) -
             else:
                 _forget_if_done(n, js)
         case ev.JoinNextTry(join_set_id=js, outcome=outcome):
-            c = _counters(n, js)
-            _require(c is not None, f"join set {js} does not exist")
-            assert c is not None
-            if outcome == "found":
-                _require(c.received > c.consumed, f"join_next_try found on {js} without a response")
-                c.consumed += 1
-            elif outcome == "pending":
-                _require(
-                    # no unconsumed response (fewer, while a join_next still waits)
-                    c.received <= c.consumed < c.submitted,
-                    f"join_next_try pending on {js} is wrong",
-                )
-            else:
-                _require(c.consumed == c.submitted, f"join_next_try all_processed on {js} is wrong")
-            _forget_if_done(n, js)
+            _apply_join_next_try(n, js, outcome)
         case ev.JoinNextTooMany(join_set_id=js):
             c = _counters(n, js)
-            _require(c is not None, f"join set {js} does not exist")
-            assert c is not None
-            _require(c.consumed == c.submitted, f"join_next_too_many on {js} with requests left")
+            if c is None:
+                raise IllegalAppend(f"join set {js} does not exist")
+            if c.consumed != c.submitted:
+                raise IllegalAppend(f"join_next_too_many on {js} with requests left")
             _forget_if_done(n, js)
         case ev.Persist() | ev.Schedule() | ev.Stub():
             pass
+
+
+def _apply_join_next_try(n: ExecutionSummary, js: str, outcome: str) -> None:
+    c = _counters(n, js)
+    if c is None:
+        raise IllegalAppend(f"join set {js} does not exist")
+    if outcome == "found":
+        if c.received <= c.consumed:
+            raise IllegalAppend(f"join_next_try found on {js} without a response")
+        c.consumed += 1
+    elif outcome == "pending":
+        # no unconsumed response (fewer, while a join_next still waits)
+        if not (c.received <= c.consumed < c.submitted):
+            raise IllegalAppend(f"join_next_try pending on {js} is wrong")
+    else:
+        if c.consumed != c.submitted:
+            raise IllegalAppend(f"join_next_try all_processed on {js} is wrong")
+    _forget_if_done(n, js)
 
 
 def apply_response(s: ExecutionSummary, response: ev.Response, now: datetime) -> ExecutionSummary:
@@ -417,7 +421,8 @@ def apply_response(s: ExecutionSummary, response: ev.Response, now: datetime) ->
     c = _counters(n, js)
     if c is None:
         raise IllegalAppend(f"response for unknown join set {js}")
-    _require(c.received < c.submitted, f"more responses than requests in join set {js}")
+    if c.received >= c.submitted:
+        raise IllegalAppend(f"more responses than requests in join set {js}")
     c.received += 1
     u = n.underlying
     if isinstance(u, BlockedByJoinSet) and u.join_set_id == js and c.received >= c.consumed:
