@@ -49,6 +49,10 @@ class Registry:
     deployment: Deployment
     components: list[LoadedComponent] = field(default_factory=list)
     functions: dict[str, tuple[FunctionInfo, LoadedComponent]] = field(default_factory=dict)
+    #: Values derived from the built registry, computed once by whoever needs them (a
+    #: registry is not changed once built: a reload builds a new one), keyed by name
+    #: and by the number of functions they were computed from.
+    derived: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def function(self, ffqn: str) -> tuple[FunctionInfo, LoadedComponent]:
         try:

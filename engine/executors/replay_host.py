@@ -693,6 +693,16 @@ class ReplayHost(ReplayLog):
 
 
 def registry_interfaces(registry: Registry) -> dict[str, dict[str, FunctionShape]]:
+    """The deployed functions by interface, as the runtimes see them: computed once per
+    registry (every workflow run asks; the result is shared and must not be changed)."""
+    key = ("interfaces", len(registry.functions))
+    found: dict[str, dict[str, FunctionShape]] | None = registry.derived.get(key)
+    if found is None:
+        found = registry.derived[key] = _interfaces(registry)
+    return found
+
+
+def _interfaces(registry: Registry) -> dict[str, dict[str, FunctionShape]]:
     out: dict[str, dict[str, FunctionShape]] = {}
     for ffqn, (info, _) in registry.functions.items():
         ifc, _, fn = ffqn.rpartition(".")

@@ -898,3 +898,25 @@ def test_history_digest_is_the_version_in_force_at_the_last_history_event() -> N
         log(created, locked("d1"), history, upgraded, locked("d2"), history, locked("d1"), history)
     ) == ["d1", "d2", "d1"]
     assert history_writers(log(created, locked("d1"))) == []
+
+
+async def test_runs_see_the_functions_of_the_registry_after_a_reload(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    """The interfaces a workflow run imports from are computed once per registry (every
+    run asks for them): a reload's new registry has its own, with what it added."""
+    from engine.executors.replay_host import registry_interfaces
+
+    engine = await start_engine(GREET_TOML, files={"greet.js": greet_js("hello")})
+    before = registry_interfaces(engine.registry)
+    assert registry_interfaces(engine.registry) is before
+    assert "myapp:demo/activity" in before and "other" not in before["myapp:demo/activity"]
+
+    write(tmp_path / "other.js", 'export default function other() { return "other"; }\n')
+    status = await edit_and_wait(
+        engine, tmp_path / "deployment.toml", GREET_TOML + OTHER_TOML, changed("other")
+    )
+    assert status.ok, status.error
+    after = registry_interfaces(engine.registry)
+    assert set(after["myapp:demo/activity"]) == {"greet", "other"}
+    assert set(before["myapp:demo/activity"]) == {"greet"}  # the old one unchanged

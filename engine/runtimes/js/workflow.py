@@ -307,12 +307,14 @@ class _Run(HostBridge):
         interfaces: Mapping[str, Mapping[str, FunctionShape]],
         execution_id: str,
         spin_timeout: float | None,
+        modules: dict[str, VirtualModule] | None = None,
     ) -> None:
         self.runner = runner
         self.host = host
         self.execution_id = execution_id
         self.spin_timeout = spin_timeout
-        self.modules = module_table(interfaces)
+        #: The import table (`module_table(interfaces)`, passed in when already known).
+        self.modules = module_table(interfaces) if modules is None else modules
         self.filename = runner.filename
         # Stop flags: plain attributes, read by the interrupt handler (O(1)).
         self.stop = False  # interrupt() was called
@@ -568,6 +570,9 @@ class JsWorkflowRunner:
         #: with (None: this module cannot have one). See `_module_image`.
         self._module_images: dict[tuple[Any, ...], HeapImage | None] = {}
         self._image_lock = threading.Lock()
+        #: The last interfaces object runs came with, its import table and the table's
+        #: key (`_modules_for`).
+        self._last_modules: tuple[Any, dict[str, VirtualModule], tuple[Any, ...]] | None = None
         #: `Error.stack` text → its frames in this file: a workflow's calls come from a
         #: few places, each parsed once (the lists are shared, never changed).
         self._stacks: dict[str, list[Frame]] = {}
@@ -739,9 +744,10 @@ class JsWorkflowRunner:
             interfaces = host.interfaces()
         except RunAborted:
             return WfAborted()
-        run = _Run(self, host, interfaces, host.execution_id, spin_timeout)
+        modules, modules_key = self._modules_for(interfaces)
+        run = _Run(self, host, interfaces, host.execution_id, spin_timeout, modules)
         if USE_SNAPSHOT and USE_MODULE_IMAGE:
-            run.module_image = self._module_image(run.modules, interfaces)
+            run.module_image = self._module_image(modules_key, interfaces)
         with self._lock:
             self._active.add(run)
         try:
@@ -760,9 +766,22 @@ class JsWorkflowRunner:
             return WfTrap(out_of_memory_reason(self.memory_limit), outcome.detail)
         return outcome
 
+    def _modules_for(
+        self, interfaces: Mapping[str, Mapping[str, FunctionShape]]
+    ) -> tuple[dict[str, VirtualModule], tuple[Any, ...]]:
+        """The import table of runs against `interfaces`, and its key: computed once per
+        interfaces object (a registry's, shared by all its runs), not on every run."""
+        last = self._last_modules
+        if last is not None and last[0] is interfaces:
+            return last[1], last[2]
+        modules = module_table(interfaces)
+        key = tuple(sorted(modules.items()))
+        self._last_modules = (interfaces, modules, key)  # one assignment: no lock needed
+        return modules, key
+
     def _module_image(
         self,
-        modules: dict[str, VirtualModule],
+        key: tuple[Any, ...],
         interfaces: Mapping[str, Mapping[str, FunctionShape]],
     ) -> HeapImage | None:
         """The heap after the module loaded, for runs with these imports (built on first
@@ -771,7 +790,6 @@ class JsWorkflowRunner:
         `__obelisk_init`; a module whose top-level code made a host call or read the
         execution's id or random numbers (which `__obelisk_init` sets) gets no image, so
         each of its runs loads it after `__obelisk_init` as before."""
-        key = tuple(sorted(modules.items()))
         try:
             return self._module_images[key]
         except KeyError:
