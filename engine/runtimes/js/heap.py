@@ -110,6 +110,28 @@ class HeapImage:
             move(base + offset, page, len(page))
         inst.sp.set_value(store, self.stack_pointer)
 
+    def reset(self, inst: Any) -> None:
+        """Make the memory of a sandbox that has run code this image again, byte for byte
+        what `restore` makes of a fresh sandbox: the image's pages, zeros everywhere
+        else (a fresh sandbox has zeros there too), and the stack pointer. Only for a
+        sandbox of this image's size: a memory that grew cannot shrink."""
+        if inst.build_id != self.build_id:
+            raise ValueError("heap image of another QuickJS guest build")
+        store, memory = inst.store, inst.mem
+        if memory.data_len(store) != self.memory_size:
+            raise ValueError("the sandbox's memory is not the image's size")
+        base = ctypes.addressof(memory.data_ptr(store).contents)
+        move = memmove_keeping_gil
+        done = 0
+        for offset, page in self.pages:
+            if offset > done:
+                ctypes.memset(base + done, 0, offset - done)
+            move(base + offset, page, len(page))
+            done = offset + len(page)
+        if done < self.memory_size:
+            ctypes.memset(base + done, 0, self.memory_size - done)
+        inst.sp.set_value(store, self.stack_pointer)
+
 
 class SandboxImages(Generic[K]):
     """Heap images of sandboxes set up one way per key, each built once, on first use,

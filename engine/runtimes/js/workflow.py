@@ -1,10 +1,12 @@
 """The `workflow_js` runtime: run one export of an ES module deterministically against a
 `WorkflowHost` (SPEC §7.4).
 
-Every `run()` gets a brand-new QuickJS sandbox (quickjs-rs, the same engine as
-`activity_js`), loads the module, calls the export with the params as positional
-arguments and maps what happens to a `WorkflowOutcome`. `run()` is synchronous and meant
-for a worker thread: every host call the guest makes is a plain synchronous call of the
+Every `run()` gets a QuickJS sandbox of its own (quickjs-rs, the same engine as
+`activity_js`): a new one, or one an earlier run of the same runner ended cleanly in,
+reset byte for byte to the state a new one starts in (`engine.runtimes.js.sandbox_pool`).
+It loads the module, calls the export with the params as positional arguments and maps
+what happens to a `WorkflowOutcome`. `run()` is synchronous and meant for a worker
+thread: every host call the guest makes is a plain synchronous call of the
 `WorkflowHost` on that thread, which may block it for as long as the host likes (waiting
 for a child): no wall-clock timeout runs while the host is working.
 
@@ -128,12 +130,14 @@ run restores a heap image taken once after the prelude instead of compiling it),
 `USE_MODULE_IMAGE` (with it, a heap image taken once per runner and import table after
 the module loaded: no module compile per run, unless the module's top-level code made
 host calls or read the execution's id or random numbers before `__obelisk_init`, see
-`JsWorkflowRunner._module_image`) and `ACCELERATE` (a leaner guest-call path and direct
-memory access, `engine.runtimes.js.quickjs_fast`, and the one-string host bridge read without
+`JsWorkflowRunner._module_image`), `REUSE_SANDBOXES` (a run from the module image takes
+the sandbox of an earlier run, reset to the image: `engine.runtimes.js.sandbox_pool`)
+and `ACCELERATE` (a leaner guest-call path and direct memory access,
+`engine.runtimes.js.quickjs_fast`, and the one-string host bridge read without
 quickjs-rs's generic marshalling). Images restore page-wise (`engine.runtimes.js.heap`).
-With all of them a run costs ~2.5 ms of CPU alone, ~5 ms with a hundred at once, plus
-~0.09 ms per host call (vs ~10 ms and ~0.4 ms without them; measured on a shared 2-core machine, so
-indicative only).
+With all of them a run of a short workflow costs ~1.3 ms of CPU on a reused sandbox
+(~2.6 ms on a new one), plus ~0.09 ms per host call (vs ~10 ms and ~0.4 ms without
+them; measured on a shared 2-core machine, so indicative only).
 """
 
 from __future__ import annotations
@@ -168,20 +172,19 @@ from engine.runtimes.js.common import (
     out_of_memory_reason,
     result_record,
     run_coroutine,
-    source_line,
     trap_reason,
     warm_up,
 )
 from engine.runtimes.js.heap import HeapImage, SandboxImages
 from engine.runtimes.js.quickjs_fast import fast_guest_calls, map_host_function
+from engine.runtimes.js.sandbox_pool import PooledSandbox, SandboxPool, retire_context
 from engine.runtimes.js.workflow_bridge import ABORT_REPLY, HostBridge, wide_ints_as_bigints
+from engine.runtimes.js.workflow_load_errors import JsWorkflowLoadError, load_error
 from engine.runtimes.js.workflow_prelude import (
-    API_NAMES,
     INTERNAL_MODULE,
     INTERNAL_MODULE_SOURCE,
     LOAD_MODULE,
     LOAD_SNIPPET,
-    LOG_LEVELS,
     LOG_MODULE,
     LOG_MODULE_SOURCE,
     PRELUDE_SOURCE,
@@ -192,7 +195,6 @@ from engine.runtimes.js.workflow_prelude import (
     module_source,
     module_table,
     prelude_seed,
-    split_interface,
 )
 from engine.runtimes.outcome import WfAborted, WfErr, WfOk, WfTimedOut, WfTrap, WorkflowOutcome
 from engine.runtimes.workflow_host import FunctionShape, RunAborted, WorkflowHost
@@ -229,16 +231,6 @@ _REPLY_BUFFER_MAX = 1024 * 1024
 _FOREVER = 10.0 * 365 * 24 * 3600
 
 
-class JsWorkflowLoadError(Exception):
-    """The module does not load (syntax, unknown import, top-level throw), or the export
-    is missing or not a function. The message names the file (and line where known)."""
-
-    def __init__(self, message: str, *, filename: str, line: int | None = None) -> None:
-        super().__init__(message)
-        self.filename = filename
-        self.line = line
-
-
 # ---------------------------------------------------------------------------
 # JS stacks
 # ---------------------------------------------------------------------------
@@ -272,6 +264,9 @@ USE_SNAPSHOT = True
 #: Whether runs start from a heap image taken once per runner after its module loaded
 #: (only with `USE_SNAPSHOT`; tests compare both).
 USE_MODULE_IMAGE = True
+#: Whether a run from the module image takes the sandbox of an earlier run that ended
+#: cleanly, reset to the image (`engine.runtimes.js.sandbox_pool`; tests compare both).
+REUSE_SANDBOXES = True
 
 
 def _prepare_prelude(_memory_limit: int, ctx: Any) -> None:
@@ -335,12 +330,24 @@ class _Run(HostBridge):
         self.initialized = False
         #: Host calls made so far (a module image needs a load that made none).
         self.dispatched = 0
+        #: The function ran to its end (returned or threw): the sandbox may be reused.
+        self.clean_end = False
         self._ops = self._host_operations()
 
     # -- sandbox --
 
     def open(self, *, init: bool = True) -> None:
         runner = self.runner
+        if REUSE_SANDBOXES and self.module_image is not None:
+            pooled = runner.sandboxes.take(self.module_image)
+            if pooled is not None:
+                try:
+                    self._open_pooled(pooled)
+                    return
+                except Exception:  # not reusable after all: a new one, as without a pool
+                    log.debug("a pooled sandbox could not be reused", exc_info=True)
+                    pooled.close()
+                    self.rt = self.ctx = None
         self.rt = Runtime(memory_limit=runner.memory_limit)
         self.rt.set_module_loader(normalize=self._normalize, load=self._load)
         self.ctx = self.rt.new_context(timeout=_FOREVER)
@@ -372,6 +379,34 @@ class _Run(HostBridge):
             self.ctx.eval(self._init_js(), filename="<obelisk:init>")
             self.initialized = True
 
+    def _open_pooled(self, pooled: PooledSandbox) -> None:
+        """`open` on a sandbox of an earlier run, reset to this run's module image."""
+        self.rt = pooled.rt
+        self.rt.set_module_loader(normalize=self._normalize, load=self._load)
+        self.ctx = pooled.new_context(_FOREVER)
+        self.rt._engine_rt.set_interrupt_handler(self._should_interrupt)
+        inst: Any = self.ctx._engine_ctx._inst
+        self.accelerated = pooled.accelerated and self._fast_host_call(inst)
+        map_host_function(self.ctx, "__obelisk_host", self._dispatch)
+        self.from_snapshot = self.module_loaded = True
+
+    def pooled(self) -> PooledSandbox | None:
+        """This run's sandbox for the next run, when it ended cleanly from its module
+        image (`engine.runtimes.js.sandbox_pool`); None: close it."""
+        ctx, image = self.ctx, self.module_image
+        if not (self.clean_end and self.module_loaded and image is not None and ctx is not None):
+            return None
+        if self.stopping or ctx._closed or ctx._pending_tasks or ctx._eval_async_in_flight:
+            return None
+        inst = ctx._engine_ctx._inst
+        try:
+            if inst.mem.data_len(inst.store) != image.memory_size:
+                return None  # grew: a reset cannot shrink it
+        except Exception:  # the store is gone
+            return None
+        retire_context(self.rt, ctx)
+        return PooledSandbox(self.rt, inst, image, self.accelerated)
+
     def _init_js(self) -> str:
         return (
             f"__obelisk_init({json.dumps(self.execution_id)}, "
@@ -384,7 +419,8 @@ class _Run(HostBridge):
         quickjs-rs marshals every argument generically (type probe, then value), which
         costs extra guest calls; the request is always one string, so read it as one.
         Other host functions (none today) keep the generic path."""
-        generic = inst._host_call
+        # The instance's own one (a reused sandbox still has an earlier run's wrapper).
+        generic = inst.__dict__.setdefault("obelisk_generic_host_call", inst._host_call)
         name = b"__obelisk_host"
         if not callable(generic) or not hasattr(inst, "_get_string"):
             return False
@@ -496,51 +532,12 @@ class _Run(HostBridge):
 
 
 # ---------------------------------------------------------------------------
-# Load-error messages
-# ---------------------------------------------------------------------------
-
-_RESOLVE_ERR = re.compile(r"Error resolving module '(.*)' from '(.*)'")
-_EXPORT_ERR = re.compile(r"Could not find export '(.*)' in module '(.*)'")
-_STACK_POS = re.compile(r":(\d+):(\d+)\)?\s*$")
-
-
-def _line_of(source: str, offset: int) -> int:
-    return source.count("\n", 0, offset) + 1
-
-
-def _import_line(source: str, module: str, name: str | None = None) -> int | None:
-    """The line of the import of `name` (or of the module specifier) from `module`."""
-    quoted = r"(?P<q>['\"])" + re.escape(module) + r"(?P=q)"
-    first: int | None = None
-    for m in re.finditer(r"\bimport\b(?P<clause>[^;'\"]*?)\bfrom\s*" + quoted, source):
-        if first is None:
-            first = _line_of(source, m.start("q"))
-        if name is not None:
-            hit = re.search(r"(?<![\w$])" + re.escape(name) + r"(?![\w$])", m.group("clause"))
-            if hit is not None:
-                return _line_of(source, m.start("clause") + hit.start())
-    if first is not None:
-        return first
-    m2 = re.search(quoted, source)
-    return None if m2 is None else _line_of(source, m2.start())
-
-
-def _stack_position(stack: str | None, filename: str) -> tuple[int, int] | None:
-    for text in (stack or "").splitlines():
-        if filename in text:
-            m = _STACK_POS.search(text)
-            if m is not None:
-                return int(m.group(1)), int(m.group(2))
-    return None
-
-
-# ---------------------------------------------------------------------------
 # Public runner
 # ---------------------------------------------------------------------------
 
 
 class JsWorkflowRunner:
-    """Runs one export of a `workflow_js` module; one fresh QuickJS sandbox per `run()`.
+    """Runs one export of a `workflow_js` module; one QuickJS sandbox per `run()` at a time.
 
     The constructor does not load the module: call `check(interfaces)` to validate it
     against a deployment's interfaces (raises `JsWorkflowLoadError`).
@@ -570,6 +567,8 @@ class JsWorkflowRunner:
         #: with (None: this module cannot have one). See `_module_image`.
         self._module_images: dict[tuple[Any, ...], HeapImage | None] = {}
         self._image_lock = threading.Lock()
+        #: Sandboxes of earlier runs, for the next ones (`REUSE_SANDBOXES`).
+        self.sandboxes = SandboxPool()
         #: The last interfaces object runs came with, its import table and the table's
         #: key (`_modules_for`).
         self._last_modules: tuple[Any, dict[str, VirtualModule], tuple[Any, ...]] | None = None
@@ -653,64 +652,7 @@ class JsWorkflowRunner:
             )
 
     def _load_error(self, run: _Run, e: JSError) -> JsWorkflowLoadError:
-        fname = self.filename
-        m = _RESOLVE_ERR.search(e.message)
-        if m is not None:
-            spec, base = m.group(1), m.group(2)
-            line = _import_line(self.source, spec) if base == fname else None
-            where = f"{fname}:{line}" if line else fname
-            if split_interface(spec) is not None or spec.startswith("obelisk:"):
-                known = sorted(
-                    {v.interface for v in run.modules.values()} | {WORKFLOW_MODULE, LOG_MODULE}
-                )
-                return JsWorkflowLoadError(
-                    f"{where}: unknown interface '{spec}' imported: no deployed component "
-                    f"exports it (importable: {', '.join(known)}, and their -obelisk-ext, "
-                    "-obelisk-schedule and -obelisk-stub variants)",
-                    filename=fname,
-                    line=line,
-                )
-            return JsWorkflowLoadError(
-                f"{where}: cannot import '{spec}': a workflow_js module may import only "
-                f"deployed interfaces and {WORKFLOW_MODULE}",
-                filename=fname,
-                line=line,
-            )
-        m = _EXPORT_ERR.search(e.message)
-        if m is not None:
-            name, spec = m.group(1), m.group(2)
-            line = _import_line(self.source, spec, name)
-            where = f"{fname}:{line}" if line else fname
-            available = self._exports_of(run, spec)
-            return JsWorkflowLoadError(
-                f"{where}: '{spec}' has no function '{name}' "
-                f"(available: {', '.join(available) if available else 'none'})",
-                filename=fname,
-                line=line,
-            )
-        pos = _stack_position(e.stack, fname)
-        where = f" (line {pos[0]}, column {pos[1]})" if pos else ""
-        line = pos[0] if pos else None
-        if e.name == "SyntaxError":
-            # The line and its text (QuickJS's column of a parse error is unreliable).
-            where = f" (line {line}: {source_line(self.source, line)})" if line else ""
-            return JsWorkflowLoadError(
-                f"{fname}: SyntaxError: {e.message}{where}", filename=fname, line=line
-            )
-        return JsWorkflowLoadError(
-            f"{fname}: module evaluation failed: {e.name}: {e.message}{where}",
-            filename=fname,
-            line=line,
-        )
-
-    @staticmethod
-    def _exports_of(run: _Run, spec: str) -> list[str]:
-        if spec == WORKFLOW_MODULE:
-            return [*API_NAMES, "default"]
-        if spec == LOG_MODULE:
-            return sorted(LOG_LEVELS)
-        source = run._load(spec) or ""
-        return re.findall(r"export \{ \w+ as ([\w$]+) \}", source)
+        return load_error(self.filename, self.source, run.modules, e, run._load)
 
     # -- running --
 
@@ -755,7 +697,11 @@ class JsWorkflowRunner:
         finally:
             with self._lock:
                 self._active.discard(run)
-            run.close()
+            pooled = run.pooled() if REUSE_SANDBOXES else None
+            if pooled is not None:
+                self.sandboxes.give(pooled)
+            else:
+                run.close()
         if run.host_failure is not None:
             raise run.host_failure
         if run.stop or run.aborted:
@@ -842,6 +788,7 @@ class JsWorkflowRunner:
             await run.load_module()
             stage = "running the function"
             text = await run.invoke(self.export, params_js)
+            run.clean_end = True
         except InterruptError:
             return WfTrap("interrupted")  # replaced by run() according to the stop flags
         except MemoryLimitError:
