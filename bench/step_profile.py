@@ -1,10 +1,13 @@
 """Where a workflow step's CPU goes: per-thread CPU of the (a)/(b) workloads on one engine.
 
-    .venv/bin/python -m bench.step_profile [--scenario many|serial] [--rounds 5]
-        [--workflows 100] [--per-workflow 10] [--steps 1000] [--json]
+    .venv/bin/python -m bench.step_profile [--scenario many|serial|short] [--rounds 5]
+        [--workflows 100] [--per-workflow 10] [--steps 1000] [--default-gc] [--json]
+
+`short`: `--workflows` workflows that make no call, at once; its "steps" are workflows
+(the cost of a workflow run itself: submit, lock, sandbox, result).
 
 Starts an embedded engine on the `bench.workflow_throughput` deployment (fresh SQLite
-data dir, WAL + synchronous=FULL), warms it up with 20 workflows, then runs the scenario
+data dir, WAL + synchronous=FULL; the server's collector thresholds unless `--default-gc`), warms it up with 20 workflows, then runs the scenario
 `--rounds` times, reading every thread's user+sys CPU from `/proc/self/task/*/stat`
 before and after (threads named through `threading.enumerate()`, grouped by name up to
 the first digit). Reported: CPU per step of each group and of the whole process, steps/s.
@@ -68,6 +71,8 @@ async def profile(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
         for _ in range(args.rounds):
             if args.scenario == "many":
                 n, per = args.workflows, args.per_workflow
+            elif args.scenario == "short":
+                n, per = args.workflows, 0
             else:
                 n, per = 1, args.steps
             cpu0, p0, t0 = thread_cpu(), time.process_time(), time.perf_counter()
@@ -76,7 +81,8 @@ async def profile(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                 _ok(await engine.result(eid, 3600), per)
             elapsed = time.perf_counter() - t0
             groups = by_group(cpu0, thread_cpu())
-            steps = n * per
+            # `short`: per workflow (it makes no call), the rest per step.
+            steps = n * per or n
             rounds.append(
                 {
                     "steps_per_s": round(steps / elapsed),
@@ -95,14 +101,23 @@ async def profile(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenario", choices=["many", "serial"], default="many")
+    p.add_argument("--scenario", choices=["many", "serial", "short"], default="many")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--workflows", type=int, default=100)
     p.add_argument("--per-workflow", type=int, default=10)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--cpu-affinity", choices=["off", "split"], default="split")
+    p.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's collector thresholds (default: the server's, engine.gc_tuning)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if not args.default_gc:
+        from engine.gc_tuning import tune_gc
+
+        tune_gc()  # as `obelisk server run` does
     with tempfile.TemporaryDirectory(prefix="obelisk-stepprof-") as tmp:
         result = asyncio.run(profile(args, Path(tmp)))
     if args.json:

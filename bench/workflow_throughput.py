@@ -2,12 +2,13 @@
 
     .venv/bin/python -m bench.workflow_throughput [--only serial,many,fanout,replay,interrupt]
         [--steps 1000] [--workflows 100] [--per-workflow 10] [--children 1000]
-        [--interrupt-steps 10,50,100,200,500] [--cpu-affinity split|off] [--repeat 1]
-        [--data-dir DIR] [--json]
+        [--interrupt-steps 10,50,100,200,500] [--cpu-affinity split|off] [--default-gc]
+        [--repeat 1] [--data-dir DIR] [--json]
 
 Every scenario gets a fresh data directory (SQLite WAL, synchronous=FULL) and a fresh
-engine (`cpu_affinity="split"` unless `--cpu-affinity off`: `engine.affinity`) with one
-deployment: the WAT activity `testing:fixtures/activity.add(a, b)` (from
+engine (`cpu_affinity="split"` unless `--cpu-affinity off`: `engine.affinity`; the
+collector thresholds of `obelisk server run`, `engine.gc_tuning`, unless `--default-gc`)
+with one deployment: the WAT activity `testing:fixtures/activity.add(a, b)` (from
 `tests.fixtures.components`, cheap: the work is the engine's) and JS workflows
 
 * `bench:wf/workflows.serial(n)` — `n` sequential direct calls `add(acc, 1)` → `n`;
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -454,6 +456,11 @@ def main(argv: list[str] | None = None) -> int:
         default="split",
         help="the engines' thread placement (engine.affinity; default split)",
     )
+    p.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's collector thresholds (default: the server's, engine.gc_tuning)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="run each scenario this many times")
     p.add_argument("--data-dir", type=Path, help="parent of the data dirs (default: temp)")
     p.add_argument("--json", action="store_true")
@@ -463,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     global CPU_AFFINITY
     CPU_AFFINITY = args.cpu_affinity
+    if not args.default_gc:
+        from engine.gc_tuning import tune_gc
+
+        tune_gc()  # as `obelisk server run` and a helper process do
 
     if args._child_first is not None:
         asyncio.run(_child_first(args.data_dir, args._child_first))
@@ -472,7 +483,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     only = set(args.only.split(","))
-    results: dict[str, Any] = {"machine": {**machine(), "cpu_affinity": CPU_AFFINITY}}
+    results: dict[str, Any] = {
+        "machine": {
+            **machine(),
+            "cpu_affinity": CPU_AFFINITY,
+            "gc_thresholds": list(gc.get_threshold()),
+        }
+    }
     if not args.json:
         print(json.dumps(results["machine"]))
     for _ in range(args.repeat):
