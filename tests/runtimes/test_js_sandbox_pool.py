@@ -153,3 +153,23 @@ def test_a_handle_left_by_an_earlier_run_does_not_reach_the_next_one() -> None:
     assert "free_value" not in calls  # its context is closed: the guest is not touched
     sandbox.inst.c = original_c
     assert _run(runner, "E_B") == _run(_runner(), "E_B")
+
+
+def test_the_process_keeps_a_bounded_number_of_idle_sandboxes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from engine.runtimes.js import sandbox_pool
+
+    monkeypatch.setattr(sandbox_pool, "KEEP_IN_PROCESS", 1)
+    monkeypatch.setattr(sandbox_pool, "_kept", 0)
+    first, second = _runner(), _runner()
+    try:
+        assert isinstance(_run(first, "E_A"), WfOk)
+        assert isinstance(_run(second, "E_B"), WfOk)
+        assert (len(first.sandboxes), len(second.sandboxes)) == (1, 0)  # closed instead
+        assert isinstance(_run(first, "E_C"), WfOk)  # takes it, gives it back
+        assert sandbox_pool._kept == 1
+    finally:
+        first.sandboxes.clear()
+        second.sandboxes.clear()
+    assert sandbox_pool._kept == 0

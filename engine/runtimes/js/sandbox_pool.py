@@ -30,8 +30,28 @@ from typing import Any
 
 from engine.runtimes.js.heap import HeapImage
 
-#: Sandboxes kept per runner (each holds its linear memory, ~1.5 MB for a small module).
+#: Sandboxes kept per runner, and by all runners of the process together (each holds
+#: its linear memory: ~1.5 MB for a small module).
 KEEP = 16
+KEEP_IN_PROCESS = 32
+
+_kept_lock = threading.Lock()
+_kept = 0  # idle sandboxes in every pool of the process
+
+
+def _keep_one() -> bool:
+    global _kept
+    with _kept_lock:
+        if _kept >= KEEP_IN_PROCESS:
+            return False
+        _kept += 1
+        return True
+
+
+def _let_go(n: int = 1) -> None:
+    global _kept
+    with _kept_lock:
+        _kept -= n
 
 
 @dataclass(slots=True)
@@ -100,6 +120,7 @@ class SandboxPool:
                 if not self._idle:
                     return None
                 sandbox = self._idle.pop()
+            _let_go()
             if sandbox.image is not image:  # the runner's imports changed
                 sandbox.close()
                 continue
@@ -112,7 +133,7 @@ class SandboxPool:
 
     def give(self, sandbox: PooledSandbox) -> None:
         with self._lock:
-            if len(self._idle) < self._keep:
+            if len(self._idle) < self._keep and _keep_one():
                 self._idle.append(sandbox)
                 return
         sandbox.close()
@@ -120,9 +141,9 @@ class SandboxPool:
     def clear(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
+        _let_go(len(idle))
         for sandbox in idle:
             sandbox.close()
 
     def __del__(self) -> None:
-        for sandbox in self._idle:
-            sandbox.close()
+        self.clear()
