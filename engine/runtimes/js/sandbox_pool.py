@@ -146,4 +146,5 @@ class SandboxPool:
             sandbox.close()
 
     def __del__(self) -> None:
-        self.clear()
+        with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone
+            self.clear()
