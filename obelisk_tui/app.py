@@ -349,7 +349,8 @@ class ObeliskApp(App[None]):
         self.throughput.sample(counts.get("finished", 0), self.now().timestamp())
 
     def _tick(self) -> None:
-        if not self.frozen:
+        # The interval may fire once more while the console exits, its screens gone.
+        if not self.frozen and self.screen_stack:
             self.screen.post_message(Tick())
 
     @work(exclusive=True, group="reloads")

@@ -159,3 +159,14 @@ async def test_the_palettes_keys_opens_the_one_help(console_engine: Engine) -> N
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
         assert "Filter" in screen_text(app) and "Everywhere" in screen_text(app)
         assert not app.screen.query("HelpPanel")
+
+
+async def test_the_once_a_second_tick_after_the_screens_are_gone_does_nothing(
+    console_engine: Engine,
+) -> None:
+    """The tick interval may fire once more while the console exits, after its last
+    screen is gone (seen once in a full test run: `ScreenStackError` from the timer)."""
+    async with open_console(console_engine) as (app, pilot):
+        await pilot.pause()
+    assert not app.screen_stack
+    app._tick()  # raised ScreenStackError before
