@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,21 @@ def postgres_dsn(postgres_cluster: Cluster | None) -> str:
         return given
     assert postgres_cluster is not None
     return postgres_cluster.dsn()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands the message to the controller, which prints it."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and "unavailable" in _state:
+        workeroutput["postgres_unavailable"] = _state["unavailable"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """(pytest-xdist, on the controller) a worker finished: keep what it reported."""
+    message = getattr(node, "workeroutput", {}).get("postgres_unavailable")
+    if message:
+        _state["unavailable"] = message
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -6,6 +6,7 @@ during a test is hot-reloaded and shown.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from tests.console.conftest import (
     open_console,
     screen_text,
     until,
+    write_deployment,
 )
 
 
@@ -629,28 +631,40 @@ async def test_components_screen_and_hot_reload(console_engine: Engine, tmp_path
         assert isinstance(app.screen, ExecutionsScreen)
 
 
-async def test_components_file_paths_keep_their_end_at_80_columns(
-    console_engine: Engine, tmp_path: Path
-) -> None:
+async def test_components_file_paths_keep_their_end_at_80_columns() -> None:
     from obelisk_tui.screens.components import elide_left
 
     assert elide_left("/a/b/step.js", 20) == "/a/b/step.js"
     assert elide_left("/a/b/step.js", 8) == "…step.js" and elide_left("abc", 1) == "…"
-    async with open_console(console_engine, size=(80, 24)) as (app, pilot):
-        await pilot.press("C")
-        await until(pilot, lambda: "fanout" in screen_text(app), what="the table")
-        row = next(line for line in screen_text(app).splitlines() if " step " in line)
-        assert "…" in row and "step.js" in row, row  # the path's end, not its start
-        assert str(tmp_path / "step.js") in screen_text(app)  # whole in the detail
-        await pilot.resize_terminal(200, 24)
-        await until(
-            pilot,
-            lambda: any(
-                str(tmp_path / "step.js") in line and " step " in line
-                for line in screen_text(app).splitlines()
-            ),
-            what="the whole path in the table",
-        )
+    # A directory of known length (pytest's own are longer under pytest-xdist, and a
+    # path longer than the detail's width wraps there): elided in the table at 80
+    # columns, whole in the detail below it.
+    with tempfile.TemporaryDirectory(prefix="obelisk-console-") as short:
+        directory = Path(short)
+        assert len(str(directory / "step.js")) < 60
+        engine = await Engine.start(write_deployment(directory), directory / "data")
+        try:
+            async with open_console(engine, size=(80, 24)) as (app, pilot):
+                await pilot.press("C")
+                await until(pilot, lambda: "fanout" in screen_text(app), what="the table")
+                row = next(line for line in screen_text(app).splitlines() if " step " in line)
+                assert "…" in row and "step.js" in row, row  # the path's end, not its start
+                await until(
+                    pilot,
+                    lambda: str(directory / "step.js") in screen_text(app),
+                    what="the whole path in the detail",
+                )
+                await pilot.resize_terminal(200, 24)
+                await until(
+                    pilot,
+                    lambda: any(
+                        str(directory / "step.js") in line and " step " in line
+                        for line in screen_text(app).splitlines()
+                    ),
+                    what="the whole path in the table",
+                )
+        finally:
+            await engine.stop()
 
 
 async def test_submit_form_checks_params_and_opens_the_new_execution(

@@ -153,7 +153,10 @@ def test_cancel_interrupts_a_spinning_guest_quickly(runner: WasmActivityRunner) 
     worker.join(2)
     latency = time.monotonic() - cancelled_at
     assert outcome == [RunCancelled()]
-    assert latency < 0.1  # at most 8 epoch ticks of 5 ms, with slack for a busy CI machine
+    # At most 8 epoch ticks of 5 ms when the machine is idle; the bound leaves room for a
+    # loaded one (0.11 s seen with the suite on both cores) and still tells an interrupted
+    # spin from one left to run (it never ends).
+    assert latency < 0.5
 
 
 def test_a_spinning_guest_is_checked_about_25_times_a_second(
