@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from textual.dom import DOMNode
+from textual.worker import Worker
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -51,3 +53,25 @@ class ObeliskScreenMixin:
         """Attached and not being torn down: workers check it after every await before
         they touch a widget (`is_live`)."""
         return is_live(cast(DOMNode, self))
+
+    # -- loads a change asks for ----------------------------------------------------------
+    def load_for_change(self, load: Callable[[], object], group: str = "default") -> None:
+        """`load()` for a `DataChanged`, unless a load of `group` is in flight: then once
+        it ends. Loads are exclusive workers (a new one cancels the one before), and
+        changes come every half second while the engine is busy: a read slower than that
+        (a large database, a distant server) was cancelled each time and the screen never
+        changed. What changed meanwhile is read by the one load after it."""
+        node = cast(DOMNode, self)
+        if any(w.node is node and w.group == group and not w.is_finished for w in node.workers):
+            node.__dict__.setdefault("_loads_after", {})[group] = load
+            return
+        load()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A load ended (done, failed or replaced): the one a change asked for meanwhile."""
+        worker = event.worker
+        after: dict[str, Callable[[], object]] = cast(DOMNode, self).__dict__.get(
+            "_loads_after", {}
+        )
+        if worker.is_finished and worker.group in after and self.is_live:
+            self.load_for_change(after.pop(worker.group), worker.group)

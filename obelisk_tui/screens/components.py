@@ -176,7 +176,7 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
     def on_data_changed(self, _: DataChanged) -> None:
         # A reload that upgrades many running workflows publishes its status only at the
         # end; the new version is in force (and shown) as soon as they start committing.
-        self.load()
+        self.load_for_change(self.load)
 
     @work(exclusive=True)
     async def load(self) -> None:

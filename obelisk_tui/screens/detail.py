@@ -200,7 +200,7 @@ class ExecutionDetailScreen(CommandLineHost):
             self._first_read.cancel()
 
     def on_data_changed(self, _: DataChanged) -> None:
-        self.load()
+        self.load_for_change(self.load, "detail")
 
     def on_restyled(self, _: Restyled) -> None:
         # Another theme: what is drawn in the old one's colours is drawn again (a load

@@ -77,7 +77,7 @@ class ExecutionsScreen(CommandLineHost):
 
     # -- data ----------------------------------------------------------------------------
     def on_data_changed(self, _: DataChanged) -> None:
-        self.load()
+        self.load_for_change(self.load, "list")
 
     def on_tick(self, _: Tick) -> None:
         self.query_one(ExecutionList).tick()  # relative times

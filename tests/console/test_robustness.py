@@ -1,10 +1,15 @@
 """The console survives what an operator's fingers and its own bugs do: a screen closed
-while its workers still load, an exception in a screen. The embedded engine keeps running
+while its workers still load, an exception in a screen, reads slower than the engine's
+changes. The embedded engine keeps running
 whatever happens to a screen (it lives in the app's process)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from textual.screen import Screen
@@ -12,11 +17,19 @@ from textual.widgets import TabbedContent
 
 from engine.core.events import ResultOk
 from engine.engine import Engine
+from obelisk_tui.backend import EmbeddedBackend
 from obelisk_tui.screens.detail import ExecutionDetailScreen
 from obelisk_tui.screens.executions import ExecutionsScreen
 from obelisk_tui.widgets.command_line import CommandLine
 from obelisk_tui.widgets.event_log import EventLog
-from tests.console.conftest import STEP, GatedBackend, open_console, screen_text, until
+from tests.console.conftest import (
+    SPIN,
+    STEP,
+    GatedBackend,
+    open_console,
+    screen_text,
+    until,
+)
 from tests.console.test_console import listed, select
 
 
@@ -170,3 +183,76 @@ async def test_the_once_a_second_tick_after_the_screens_are_gone_does_nothing(
         await pilot.pause()
     assert not app.screen_stack
     app._tick()  # raised ScreenStackError before
+
+
+class _SlowReads(EmbeddedBackend):
+    """The embedded backend with reads as slow as a large database or a distant server
+    makes them: slower than the half second between two refreshes of a busy engine."""
+
+    delay = 0.0
+
+    async def list_executions(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(self.delay)
+        return await super().list_executions(*args, **kwargs)
+
+    async def status(self, execution_id: str) -> Any:
+        await asyncio.sleep(self.delay)
+        return await super().status(execution_id)
+
+
+@asynccontextmanager
+async def _busy(engine: Engine) -> AsyncIterator[None]:
+    """Executions submitted ten times a second: a change for every refresh."""
+
+    async def submit() -> None:
+        while True:
+            await engine.submit(STEP, [2])
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(submit())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_the_list_shows_new_executions_when_its_reads_are_slower_than_the_changes(
+    console_engine: Engine,
+) -> None:
+    """Each refresh cancelled the read before it (an exclusive worker): with reads slower
+    than the refreshes, none ever ended and the list stood still while the engine was
+    busy."""
+    engine = console_engine
+    backend = _SlowReads(engine, label="test", owns_engine=False)
+    async with open_console(backend=backend) as (app, pilot):
+        first = await engine.submit(STEP, [1])
+        await until(pilot, lambda: first in listed(app), what="the first execution")
+        backend.delay = 0.8
+        async with _busy(engine):
+            new = await engine.submit(STEP, [3])
+            await until(pilot, lambda: new in listed(app), timeout=10, what="the new execution")
+
+
+async def test_the_detail_shows_the_end_when_its_reads_are_slower_than_the_changes(
+    console_engine: Engine,
+) -> None:
+    engine = console_engine
+    backend = _SlowReads(engine, label="test", owns_engine=False)
+    async with open_console(backend=backend) as (app, pilot):
+        eid = await engine.submit(SPIN, [1500])
+        app.open_execution(eid)
+        await until(pilot, lambda: isinstance(app.screen, ExecutionDetailScreen), what="detail")
+        detail = app.screen
+        assert isinstance(detail, ExecutionDetailScreen)
+        await until(pilot, lambda: detail.info is not None, what="the first read")
+        backend.delay = 0.8
+        async with _busy(engine):
+            assert await engine.result(eid, timeout=30) == ResultOk(1500)
+            await until(
+                pilot,
+                lambda: detail.info is not None and detail.info["state"]["type"] == "finished",
+                timeout=10,
+                what="the end shown",
+            )
