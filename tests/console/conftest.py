@@ -195,7 +195,10 @@ async def until(
     predicate: Callable[[], bool | Awaitable[bool]],
     timeout: float = 15.0,
     what: str = "a condition",
+    explain: Callable[[], str] | None = None,
 ) -> None:
+    """Until `predicate()` holds, polling; `explain()` says what was there instead when
+    it times out (for a failure that comes only now and then)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -205,7 +208,9 @@ async def until(
         if value:
             return
         if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(
+                f"timed out waiting for {what}" + (f": {explain()}" if explain else "")
+            )
         await pilot.pause(0.02)
 
 

@@ -587,7 +587,18 @@ async def test_components_screen_and_hot_reload(console_engine: Engine, tmp_path
     async with open_console(engine) as (app, pilot):
         await pilot.press("C")
         await until(pilot, lambda: isinstance(app.screen, ComponentsScreen), what="components")
-        await until(pilot, lambda: "fanout" in screen_text(app), what="the table")
+        screen = app.screen
+
+        def why() -> str:  # this wait timed out in 2 of ~6 full runs under load (2026-12)
+            loads = [(w.group, w.state.name) for w in app.workers if w.node is screen]
+            start = engine.reloader._start_task
+            return (
+                f"deployment read: {getattr(screen, 'deployment', None) is not None}, "
+                f"the screen's workers: {loads}, deferred start done: "
+                f"{start is None or start.done()}, the screen: {screen_text(app)!r}"
+            )
+
+        await until(pilot, lambda: "fanout" in screen_text(app), what="the table", explain=why)
         table = app.screen.query_one("#components")
         await pilot.press("j", "j")
         await until(pilot, lambda: table.cursor_row == 2, what="j moves down")  # type: ignore[attr-defined]
