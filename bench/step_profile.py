@@ -27,21 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.workflow_throughput import SERIAL, _ok, write_deployment
-
-TICK = os.sysconf("SC_CLK_TCK")
+from bench.workflow_throughput import SERIAL, _ok, proc_stat, write_deployment
 
 
 def thread_cpu() -> dict[int, float]:
     """CPU seconds (user+sys) of each thread of this process, by native id."""
     out: dict[int, float] = {}
     for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICK
+        if (stat := proc_stat(f"/proc/self/task/{tid}/stat")) is not None:
+            out[int(tid)] = stat[1]
     return out
 
 

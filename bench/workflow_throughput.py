@@ -225,29 +225,32 @@ async def many(engine: Any, workflows: int, per_workflow: int) -> dict[str, Any]
     }
 
 
+def proc_stat(path: str) -> tuple[int, float] | None:
+    """(parent pid, user+sys CPU seconds) from a `/proc/…/stat` file; None when gone."""
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command's name
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def tree_cpu() -> float:
     """User+sys CPU seconds of this process and every process under it (an engine's
     helper processes: `many-shared`), from `/proc` (`RUSAGE_CHILDREN` counts only
     children that ended)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry)] = int(fields[1])
-        ticks[int(entry)] = int(fields[11]) + int(fields[12])
-    total, todo = 0, [os.getpid()]
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        if (stat := proc_stat(f"/proc/{entry}/stat")) is not None:
+            children.setdefault(stat[0], []).append(int(entry))
+            cpu[int(entry)] = stat[1]
+    total, todo = 0.0, [os.getpid()]
     while todo:
         pid = todo.pop()
-        total += ticks.get(pid, 0)
-        todo.extend(child for child, parent in parents.items() if parent == pid)
-    return total / tick
+        total += cpu.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
 
 
 async def many_shared(data_dir: Path, workflows: int, per_workflow: int) -> dict[str, Any]:
