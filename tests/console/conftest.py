@@ -113,13 +113,20 @@ def write_deployment(directory: Path) -> Path:
     return DEPLOYMENT.write(directory)
 
 
-@pytest.fixture
-async def console_engine(tmp_path: Path) -> AsyncIterator[Engine]:
-    engine = await Engine.start(write_deployment(tmp_path), tmp_path / "data")
+@asynccontextmanager
+async def engine_in(directory: Path) -> AsyncIterator[Engine]:
+    """An engine on the test deployment, written in `directory` with its data."""
+    engine = await Engine.start(write_deployment(directory), directory / "data")
     try:
         yield engine
     finally:
         await engine.stop()
+
+
+@pytest.fixture
+async def console_engine(tmp_path: Path) -> AsyncIterator[Engine]:
+    async with engine_in(tmp_path) as engine:
+        yield engine
 
 
 OpenConsole = Callable[..., Any]

@@ -30,10 +30,10 @@ from tests.console.conftest import (
     ORDER,
     SPIN,
     STEP,
+    engine_in,
     open_console,
     screen_text,
     until,
-    write_deployment,
 )
 
 
@@ -653,29 +653,31 @@ async def test_components_file_paths_keep_their_end_at_80_columns() -> None:
     with tempfile.TemporaryDirectory(prefix="obelisk-console-") as short:
         directory = Path(short)
         assert len(str(directory / "step.js")) < 60
-        engine = await Engine.start(write_deployment(directory), directory / "data")
-        try:
-            async with open_console(engine, size=(80, 24)) as (app, pilot):
-                await pilot.press("C")
-                await until(pilot, lambda: "fanout" in screen_text(app), what="the table")
-                row = next(line for line in screen_text(app).splitlines() if " step " in line)
-                assert "…" in row and "step.js" in row, row  # the path's end, not its start
-                await until(
-                    pilot,
-                    lambda: str(directory / "step.js") in screen_text(app),
-                    what="the whole path in the detail",
-                )
-                await pilot.resize_terminal(200, 24)
-                await until(
-                    pilot,
-                    lambda: any(
-                        str(directory / "step.js") in line and " step " in line
-                        for line in screen_text(app).splitlines()
-                    ),
-                    what="the whole path in the table",
-                )
-        finally:
-            await engine.stop()
+        async with (
+            engine_in(directory) as engine,
+            open_console(engine, size=(80, 24)) as (
+                app,
+                pilot,
+            ),
+        ):
+            await pilot.press("C")
+            await until(pilot, lambda: "fanout" in screen_text(app), what="the table")
+            row = next(line for line in screen_text(app).splitlines() if " step " in line)
+            assert "…" in row and "step.js" in row, row  # the path's end, not its start
+            await until(
+                pilot,
+                lambda: str(directory / "step.js") in screen_text(app),
+                what="the whole path in the detail",
+            )
+            await pilot.resize_terminal(200, 24)
+            await until(
+                pilot,
+                lambda: any(
+                    str(directory / "step.js") in line and " step " in line
+                    for line in screen_text(app).splitlines()
+                ),
+                what="the whole path in the table",
+            )
 
 
 async def test_submit_form_checks_params_and_opens_the_new_execution(
