@@ -20,7 +20,14 @@ from typing import Any, Literal, TypeVar
 
 from quickjs_rs import Runtime
 
+from engine.runtimes.js.quickjs_fast import install_lean_host_imports
+
 _T = TypeVar("_T")
+
+#: The guest's host imports go through lean trampolines
+#: (`quickjs_fast.install_lean_host_imports`): installed before any sandbox or the
+#: compiled module (`preload_compiled_quickjs`) builds quickjs-rs's shared linker.
+LEAN_HOST_IMPORTS = install_lean_host_imports()
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 """Limit of the guest's WASM linear memory (QuickJS heap, stack and interpreter data)."""

@@ -11,6 +11,8 @@ each has a switch the tests flip to check both paths give the same results.
 
 `install_lazy_exports()` (process-wide, for every QuickJS sandbox) makes a new instance
 look its exports up by name when first used, instead of wrapping all 55 of them up front.
+`install_lean_host_imports()` (process-wide too) gives the guest's four host imports
+trampolines that read and write their i32s directly.
 """
 
 from __future__ import annotations
@@ -25,7 +27,15 @@ from wasmtime._extern import wrap_extern  # noqa: PLC2701 (wasmtime internals, v
 
 from engine.runtimes.gil import _library, memmove_keeping_gil, quick
 
-__all__ = ["LazyExports", "fast_guest_calls", "install_lazy_exports", "map_host_function"]
+__all__ = [
+    "LazyExports",
+    "define_lean_import",
+    "fast_guest_calls",
+    "install_lazy_exports",
+    "install_lean_host_imports",
+    "lean_trampoline",
+    "map_host_function",
+]
 
 
 _VAL_FIELDS = ("i32", "i64", "f32", "f64")
@@ -154,12 +164,15 @@ def fast_guest_calls(inst: Any) -> bool:
                 slot.kind = kind
                 setattr(slot.of, _VAL_FIELDS[kind], args[i])
             results = results_t()
+            # `store._context()` without the call: the pointer, None once closed.
+            if (context := store._Store__context) is None:
+                raise ValueError("already closed")
             prev = getattr(cur, "inst", None)
             cur.inst = inst
             try:
                 trap = trap_ptr_t()
                 error = call(
-                    store._context(),
+                    context,
                     byref(func),
                     params,
                     len(param_kinds),
@@ -186,6 +199,8 @@ def fast_guest_calls(inst: Any) -> bool:
                 return None
             return getattr(results[0].of, _VAL_FIELDS[result_kind])
 
+        if not _context_is_readable(store):
+            return False  # not the Store this was written for
         # Validate the signatures this build relies on before switching over.
         for name in ("qjs_alloc", "qjs_free", "get_string", "new_string", "eval_code"):
             signature(name)
@@ -194,6 +209,13 @@ def fast_guest_calls(inst: Any) -> bool:
         return True
     except Exception:
         return False
+
+
+def _context_is_readable(store: Any) -> bool:
+    """Whether `store._Store__context` is what `store._context()` returns (wasmtime-py
+    50's private attribute; the fast path reads it without a call)."""
+    context = getattr(store, "_Store__context", None)
+    return context is not None and context is store._context()
 
 
 @functools.cache
@@ -347,3 +369,124 @@ def map_host_function(ctx: Any, name: str, fn: Any, *, is_async: bool = False) -
         inst.async_names.add(name)
     else:
         inst.async_names.discard(name)
+
+
+#: The host imports of the QuickJS guest (quickjs-rs 0.2.6's `_build_shared_linker`):
+#: name, number of i32 parameters, the module-level shim of `quickjs_rs._engine` that
+#: routes a call to the instance running on this thread. Each returns one i32.
+_HOST_IMPORTS = (
+    ("host_call", 5, "_tramp_host_call"),
+    ("host_interrupt", 0, "_tramp_host_interrupt"),
+    ("host_module_normalize", 5, "_tramp_host_module_normalize"),
+    ("host_module_load", 3, "_tramp_host_module_load"),
+)
+
+#: The C callbacks given to wasmtime: they must live as long as the process.
+_LEAN_TRAMPOLINES: list[Any] = []
+
+
+def lean_trampoline(target: Any, arity: int) -> Any:
+    """A `wasmtime_func_callback_t` for a host import taking `arity` i32s and returning
+    one, calling `target` with plain ints.
+
+    wasmtime-py's generic trampoline wraps the caller, converts each parameter through a
+    `Val` and the result through `ValType` comparisons: ~45 Python calls per host call,
+    one host call per workflow step. This one makes none but `target`'s. Same contract:
+    a result that is not an int is a `TypeError`; an exception (a `BaseException`, as
+    wasmtime-py) becomes wasmtime-py's pending exception (`LAST_EXCEPTION`, raised by
+    the guest call's `maybe_raise_last_exn`) and a trap for the guest."""
+    import wasmtime._func as wasmtime_func  # noqa: PLC2701 (wasmtime internals, version pinned)
+    from wasmtime import Trap
+
+    i32 = wasmtime_ffi.WASMTIME_I32.value
+    void_p = ctypes.c_void_p
+    cast = ctypes.cast
+
+    def callback(
+        _env: Any, _caller: Any, params: Any, _n: int, results: Any, _m: int
+    ) -> int | None:
+        try:
+            if arity == 5:
+                value = target(
+                    params[0].of.i32,
+                    params[1].of.i32,
+                    params[2].of.i32,
+                    params[3].of.i32,
+                    params[4].of.i32,
+                )
+            elif arity == 0:
+                value = target()
+            else:
+                value = target(*(params[i].of.i32 for i in range(arity)))
+            if not isinstance(value, int):
+                raise TypeError(f"don't know how to convert {value!r} to i32")
+            result = results[0]
+            result.kind = i32
+            result.of.i32 = value
+            return 0
+        except BaseException as e:
+            # (wasmtime-py's own trampoline stores any BaseException there too.)
+            wasmtime_func.LAST_EXCEPTION = e  # type: ignore[assignment]
+            trap = Trap("python exception")._consume()
+            return cast(trap, void_p).value  # (as wasmtime-py's trampoline)
+
+    trampoline = wasmtime_ffi.wasmtime_func_callback_t(callback)
+    _LEAN_TRAMPOLINES.append(trampoline)
+    return trampoline
+
+
+_NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)()  # NULL: nothing to free
+
+
+def define_lean_import(linker: Any, module: str, name: str, arity: int, trampoline: Any) -> None:
+    """Define `module`.`name` (`arity` i32s → i32) in wasmtime-py `linker` as the C
+    callback `trampoline` (`lean_trampoline`), for every store instantiating from it."""
+    import wasmtime
+
+    ty = wasmtime.FuncType([wasmtime.ValType.i32()] * arity, [wasmtime.ValType.i32()])
+    raw_module, raw_name = module.encode(), name.encode()
+    error = wasmtime_ffi.wasmtime_linker_define_func(
+        linker.ptr(),
+        ctypes.create_string_buffer(raw_module),
+        len(raw_module),
+        ctypes.create_string_buffer(raw_name),
+        len(raw_name),
+        ty.ptr(),
+        trampoline,
+        None,
+        _NO_FINALIZER,
+    )
+    if error:
+        raise wasmtime.WasmtimeError._from_ptr(error)
+
+
+def install_lean_host_imports() -> bool:
+    """Make quickjs-rs build its process-shared linker with `lean_trampoline`s for the
+    guest's host imports (idempotent; False, leaving quickjs-rs alone, when this
+    quickjs-rs does not define the imports 0.2.6 does). Takes effect for the linker built
+    after it: the JS runtimes install it on import, before any sandbox exists."""
+    try:
+        import wasmtime
+        from quickjs_rs import _engine as qjs_engine  # noqa: PLC2701 (quickjs_rs internals, version pinned)
+    except ImportError:
+        return False
+    current = vars(qjs_engine).get("_build_shared_linker")
+    if getattr(current, "lean_host_imports", False):
+        return True
+    if current is None or not all(hasattr(qjs_engine, shim) for _, _, shim in _HOST_IMPORTS):
+        return False
+    trampolines = [
+        (name, arity, lean_trampoline(getattr(qjs_engine, shim), arity))
+        for name, arity, shim in _HOST_IMPORTS
+    ]
+
+    def build_shared_linker(engine: Any) -> Any:
+        linker = wasmtime.Linker(engine)
+        linker.define_wasi()
+        for name, arity, trampoline in trampolines:
+            define_lean_import(linker, "env", name, arity, trampoline)
+        return linker
+
+    build_shared_linker.lean_host_imports = True  # type: ignore[attr-defined]
+    qjs_engine._build_shared_linker = build_shared_linker  # type: ignore[attr-defined]
+    return True

@@ -294,6 +294,24 @@ ACCELERATE = True
 # ---------------------------------------------------------------------------
 
 
+class ImportsKey:
+    """An import table's key (its modules, sorted), hashed once: a run looks its module
+    image up by it, and a tuple of a dozen dataclasses would be hashed field by field on
+    every lookup."""
+
+    __slots__ = ("_hash", "items")
+
+    def __init__(self, items: tuple[Any, ...]) -> None:
+        self.items = items
+        self._hash = hash(items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ImportsKey) and self.items == other.items
+
+
 class _Run(HostBridge):
     def __init__(
         self,
@@ -565,13 +583,13 @@ class JsWorkflowRunner:
         self._active: set[_Run] = set()
         #: Heap images after the module loaded, by the import table they were loaded
         #: with (None: this module cannot have one). See `_module_image`.
-        self._module_images: dict[tuple[Any, ...], HeapImage | None] = {}
+        self._module_images: dict[ImportsKey, HeapImage | None] = {}
         self._image_lock = threading.Lock()
         #: Sandboxes of earlier runs, for the next ones (`REUSE_SANDBOXES`).
         self.sandboxes = SandboxPool()
         #: The last interfaces object runs came with, its import table and the table's
         #: key (`_modules_for`).
-        self._last_modules: tuple[Any, dict[str, VirtualModule], tuple[Any, ...]] | None = None
+        self._last_modules: tuple[Any, dict[str, VirtualModule], ImportsKey] | None = None
         #: `Error.stack` text → its frames in this file: a workflow's calls come from a
         #: few places, each parsed once (the lists are shared, never changed).
         self._stacks: dict[str, list[Frame]] = {}
@@ -714,20 +732,20 @@ class JsWorkflowRunner:
 
     def _modules_for(
         self, interfaces: Mapping[str, Mapping[str, FunctionShape]]
-    ) -> tuple[dict[str, VirtualModule], tuple[Any, ...]]:
+    ) -> tuple[dict[str, VirtualModule], ImportsKey]:
         """The import table of runs against `interfaces`, and its key: computed once per
         interfaces object (a registry's, shared by all its runs), not on every run."""
         last = self._last_modules
         if last is not None and last[0] is interfaces:
             return last[1], last[2]
         modules = module_table(interfaces)
-        key = tuple(sorted(modules.items()))
+        key = ImportsKey(tuple(sorted(modules.items())))
         self._last_modules = (interfaces, modules, key)  # one assignment: no lock needed
         return modules, key
 
     def _module_image(
         self,
-        key: tuple[Any, ...],
+        key: ImportsKey,
         interfaces: Mapping[str, Mapping[str, FunctionShape]],
     ) -> HeapImage | None:
         """The heap after the module loaded, for runs with these imports (built on first
