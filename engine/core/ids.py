@@ -32,6 +32,8 @@ def new_ulid() -> str:
 _ULID_RE = r"[0-7][0-9A-HJKMNP-TV-Z]{25}"
 _NAME_RE = r"[A-Za-z0-9-]+"  # join set names: no '.', '_' or ':' so ids stay parseable
 # Always used with `fullmatch` (a `$` anchor would accept a trailing newline).
+_NAME_PATTERN = re.compile(_NAME_RE)
+_ULID_PATTERN = re.compile(_ULID_RE)
 _JOIN_SET_RE = re.compile(rf"(?P<kind>[ogn]):(?P<name>{_NAME_RE})")
 _TOP_LEVEL_RE = re.compile(rf"E_(?P<ulid>{_ULID_RE})")
 _SEGMENT_RE = re.compile(rf"(?P<kind>[ogn]):(?P<name>{_NAME_RE})_(?P<n>[1-9][0-9]*)")
@@ -79,7 +81,7 @@ class JoinSetId:
 
     @staticmethod
     def validate_name(name: str) -> str:
-        if not isinstance(name, str) or not re.fullmatch(_NAME_RE, name):
+        if not isinstance(name, str) or not _NAME_PATTERN.fullmatch(name):
             raise IdError(f"invalid join set name {name!r}: use letters, digits and '-' only")
         return name
 
@@ -98,7 +100,7 @@ class ExecutionId:
     @staticmethod
     def from_ulid(ulid: ULID | str) -> ExecutionId:
         text = str(ulid)
-        if not re.fullmatch(_ULID_RE, text):
+        if not _ULID_PATTERN.fullmatch(text):
             raise IdError(f"invalid ULID {text!r}: expected 26 Crockford base32 characters")
         return ExecutionId(text)
 
@@ -197,7 +199,7 @@ def _format_path(path: tuple[tuple[JoinSetId, int], ...]) -> str:
 
 
 def _prefixed_parse(prefix: str, text: str) -> str:
-    if not text.startswith(prefix) or not re.fullmatch(_ULID_RE, text[len(prefix) :]):
+    if not text.startswith(prefix) or not _ULID_PATTERN.fullmatch(text[len(prefix) :]):
         raise IdError(f"invalid id {text!r}: expected {prefix}<ULID>")
     return text
 

@@ -236,7 +236,8 @@ class ReplayLog:
     def _enter(self) -> None:
         """Start of a host call: stop if aborted; extend the lock when it is about to
         expire (SPEC §6.2), also while replaying or buffering (nothing else writes then)."""
-        self._check()
+        if self.aborted is not None:  # `_check`, inline: this runs for every host call
+            raise RunAborted(self.aborted.kind)
         if self.lock_expires_at - self.clock.now() < LOCK_EXTENSION_LEEWAY:
             self.flush()
 

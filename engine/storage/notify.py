@@ -38,19 +38,22 @@ class Commits:
     settled once: committed, or failed (rolled back). Thread-safe."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # `with self._lock` rather than `with self._cond` (the same lock): the
+        # Condition's `__enter__`/`__exit__` are two Python calls per use, on every write.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._begun = 0
         self._settled = 0
         self._failed: set[int] = set()
         self._closed = False
 
     def begin(self) -> int:
-        with self._cond:
+        with self._lock:
             self._begun += 1
             return self._begun
 
     def settle(self, seq: int, committed: bool) -> None:
-        with self._cond:
+        with self._lock:
             if not committed:
                 self._failed.add(seq)
             self._settled = max(self._settled, seq)
@@ -58,7 +61,7 @@ class Commits:
 
     def close(self) -> None:
         """The writer stopped: whatever it did not settle did not commit."""
-        with self._cond:
+        with self._lock:
             self._failed.update(range(self._settled + 1, self._begun + 1))
             self._settled = self._begun
             self._closed = True
@@ -66,12 +69,14 @@ class Commits:
 
     def failed_between(self, low: int, high: int) -> bool:
         """Whether a transaction numbered `low`..`high` is settled as failed (no wait)."""
-        with self._cond:
+        if not self._failed:  # the usual case, asked for every write (a set's truthiness
+            return False  # is read atomically; a failure is added before it is settled)
+        with self._lock:
             return any(low <= seq <= high for seq in self._failed)
 
     def wait(self, seq: int) -> bool:
         """Whether transaction `seq` committed, waiting until it is settled."""
-        with self._cond:
+        with self._lock:
             self._cond.wait_for(lambda: self._settled >= seq)
             return seq not in self._failed
 
@@ -89,10 +94,11 @@ class ResponseInbox:
     refuses them if one of those transactions failed; before anything else that depends
     on them (a read of the database, the end of the run) it asks `wait_committed`."""
 
-    __slots__ = ("_commits", "_cond", "_items", "_low", "_poked", "_seq", "_woken")
+    __slots__ = ("_commits", "_cond", "_items", "_lock", "_low", "_poked", "_seq", "_woken")
 
     def __init__(self, commits: Commits | None = None) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # `with` it rather than `_cond`: see `Commits`
+        self._cond = threading.Condition(self._lock)
         self._items: list[tuple[ev.StoredResponse, int]] = []
         self._poked = False
         self._woken = False
@@ -104,7 +110,7 @@ class ResponseInbox:
 
     def post(self, items: Sequence[ev.StoredResponse], seq: int = 0) -> None:
         """`seq` 0: committed; else the number of the `Commits` transaction they are in."""
-        with self._cond:
+        with self._lock:
             self._items.extend((item, seq) for item in items)
             self._cond.notify_all()
 
@@ -133,19 +139,19 @@ class ResponseInbox:
         return True
 
     def poke(self) -> None:
-        with self._cond:
+        with self._lock:
             self._poked = True
             self._cond.notify_all()
 
     def wake(self) -> None:
-        with self._cond:
+        with self._lock:
             self._woken = True
             self._cond.notify_all()
 
     def take(self, timeout: float) -> tuple[list[ev.StoredResponse], bool]:
         """What was posted, and whether it was poked, since the last `take`; waits up to
         `timeout` seconds for either (or a `wake`) when there is none."""
-        with self._cond:
+        with self._lock:
             if timeout > 0 and not (self._items or self._poked or self._woken):
                 self._cond.wait(timeout)
             items, self._items = self._items, []

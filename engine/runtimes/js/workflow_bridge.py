@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["ABORT_REPLY", "HostBridge", "wide_ints_as_bigints"]
 
 ABORT_REPLY = json.dumps({"e": "the workflow run was aborted"})
+#: `json.dumps(value, allow_nan=False)` without building an encoder on every call.
+_encode_reply = json.JSONEncoder(allow_nan=False).encode
 """The bridge's reply once the run is stopping: the guest's host call throws."""
 
 
@@ -182,7 +184,7 @@ class HostBridge:
             if stack and self.host is not None and op in STACK_OPS:
                 self.host.set_stack(self.runner.stack_frames(str(stack)))
             value = handler(args)
-            return json.dumps({"v": wide_ints_as_bigints(value)}, allow_nan=False)
+            return _encode_reply({"v": wide_ints_as_bigints(value)})
         except RunAborted:
             self.aborted = True
             return ABORT_REPLY
