@@ -28,6 +28,7 @@ from engine.runtimes.outcome import (  # noqa: E402
     RunTrap,
 )
 from engine.runtimes.wasm import activity as wasm_activity  # noqa: E402
+from engine.runtimes.wasm import plumbing as wasm_plumbing  # noqa: E402
 from engine.runtimes.wasm.activity import (  # noqa: E402
     _POOL_TABLE_ELEMENTS,
     ACTIVITY_POOL_SLOTS,
@@ -38,6 +39,7 @@ from engine.runtimes.wasm.activity import (  # noqa: E402
     inspect_exports,
     load_activity,
 )
+from engine.runtimes.wasm.plumbing import SlotTokens  # noqa: E402
 from engine.wit.types import STRING, U32, U64, FunctionSignature, WitResult  # noqa: E402
 from tests.fixtures import components as fx  # noqa: E402
 
@@ -207,6 +209,36 @@ def test_stdout_and_stderr_are_captured_as_lines(runner: WasmActivityRunner) -> 
         LogLine("info", "last without newline", "stdout"),
         LogLine("error", "oops", "stderr"),
     ]
+
+
+def test_output_callbacks_go_with_their_runs(runner: WasmActivityRunner) -> None:
+    """Each run's stdout/stderr callbacks (`plumbing.set_output`) are dropped with its
+    store: none is left behind, whatever the run did."""
+    before = len(wasm_plumbing._OUTPUTS)
+    for _ in range(5):
+        assert run(runner, "print", ["x\n"]) == RunOk(None)
+        assert isinstance(run(runner, "trap", []), RunTrap)
+        assert run(runner, "spin", [], timeout=0.02) == RunTimedOut()
+    assert len(wasm_plumbing._OUTPUTS) == before
+
+
+def test_slot_tokens_count_like_a_bounded_semaphore() -> None:
+    slots = SlotTokens(2)
+    assert slots.acquire() and slots.acquire(blocking=False)
+    assert not slots.acquire(blocking=False)
+    started = time.monotonic()
+    assert not slots.acquire(timeout=0.05)
+    assert time.monotonic() - started >= 0.04
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(slots.acquire(timeout=10)))
+    waiter.start()
+    slots.release()  # the waiter takes it
+    waiter.join()
+    assert got == [True]
+    slots.release()
+    slots.release()
+    with pytest.raises(ValueError, match="released too many times"):
+        slots.release()
 
 
 def test_obelisk_log(runner: WasmActivityRunner) -> None:

@@ -77,6 +77,7 @@ from engine.runtimes.wasm.common import (
     post_return,
     trap_reason,
 )
+from engine.runtimes.wasm.plumbing import SlotTokens, set_output
 from engine.wit.codec import (
     WitValueError,
     json_to_wasmtime,
@@ -290,7 +291,7 @@ class WasmEngine:
             engine = wasmtime.Engine(config)
         self.engine = engine
         #: Bounds the instances alive at once to the pool's slots.
-        self.slots = threading.BoundedSemaphore(pool_slots) if self.pooled else None
+        self.slots = SlotTokens(pool_slots) if self.pooled else None
         self._lock = threading.Lock()
         self._ticker: threading.Thread | None = None
         self._linker: wc.Linker | None = None
@@ -739,8 +740,8 @@ class WasmActivityRunner:
         wasi = wasmtime.WasiConfig()
         if env_vars:
             wasi.env = [(k, v) for k, v in env_vars.items()]
-        wasi.stdout_custom = state.output_callback("stdout")
-        wasi.stderr_custom = state.output_callback("stderr")
+        set_output(wasi, "stdout", state.output_callback("stdout"))
+        set_output(wasi, "stderr", state.output_callback("stderr"))
         store.set_wasi(wasi)
         store.set_wasi_http()
 
