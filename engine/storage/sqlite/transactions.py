@@ -91,7 +91,7 @@ def _load_summary_for_write(
     (`replay_stored`, the console): a transaction of an execution never gets a timestamp
     before the previous one, so that this order is the commit order.
     """
-    cache = _summaries(conn)
+    cache = getattr(conn, "summaries", None)  # `_summaries`, inline: every write
     if cache is not None and (found := cache.get(execution_id)) is not None:
         return found[0], _not_before(now, found[1])
     row = conn.execute(
@@ -114,7 +114,7 @@ def _write_summary(
         UPDATE_SUMMARY,
         (state, pending_at, lock_expires_at, s.next_version, t, ev.encode(s), execution_id),
     )
-    cache = _summaries(conn)
+    cache = getattr(conn, "summaries", None)  # `_summaries`, inline: every write
     if cache is not None:
         cache.put(execution_id, s, t)
 
