@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -108,6 +109,9 @@ def render_reload(reload: dict[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
+_COLUMNS = ("name", "type", "exports", "digest", "file")
+
+
 def elide_left(text: str, width: int) -> str:
     """`text` in at most `width` columns: its end, after an ellipsis, if it is longer."""
     if len(text) <= width:
@@ -158,8 +162,7 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
         yield KeyFooter()
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        table.add_columns("name", "type", "exports", "digest", "file")
+        self.query_one(DataTable).add_columns(*_COLUMNS)
         # The first load comes with the ScreenResume that follows the mount.
 
     def on_screen_resume(self) -> None:
@@ -200,20 +203,26 @@ class ComponentsScreen(ObeliskScreenMixin, Screen[None]):
         self.query_one("#reload-status", Static).update(render_reload(deployment["reload"]))
         table = self.query_one(DataTable)
         row = table.cursor_row
-        table.clear()
         rows = [
             (c["name"], c["type"], str(len(c["exports"])), c["digest"][:19] + "…")
             for c in deployment["components"]
         ]
+        widths = [
+            max([cell_len(title), *(cell_len(r[i]) for r in rows)])
+            for i, title in enumerate(_COLUMNS[:-1])
+        ]
         # The file column gets what is left of the width; a path that does not fit keeps
         # its end, the file's name (the detail below has it whole).
-        used = sum(
-            max([len(title), *(len(r[i]) for r in rows)]) + 2
-            for i, title in enumerate(("name", "type", "exports", "digest"))
-        )
-        room = max(len("file"), self.size.width - used - 4)
-        for r, c in zip(rows, deployment["components"], strict=True):
-            table.add_row(*r, elide_left(c["location"] or "", room), key=c["name"])
+        room = max(len("file"), self.size.width - sum(w + 2 for w in widths) - 4)
+        files = [elide_left(c["location"] or "", room) for c in deployment["components"]]
+        widths.append(max([len("file"), *(cell_len(f) for f in files)]))
+        # Columns of fixed widths, computed here: an auto-width column is measured only
+        # when the table next goes idle, and until then it is as wide as its title.
+        table.clear(columns=True)
+        for title, width in zip(_COLUMNS, widths, strict=True):
+            table.add_column(title, width=width)
+        for r, c, file in zip(rows, deployment["components"], files, strict=True):
+            table.add_row(*r, file, key=c["name"])
         if deployment["components"]:
             table.move_cursor(row=min(row, len(deployment["components"]) - 1))
             self._detail(table.cursor_row)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from textual.binding import Binding
-from textual.widgets import TabbedContent, TextArea
+from textual.widgets import DataTable, TabbedContent, TextArea
 
 from engine.core import events as ev
 from engine.core.state import state_name
@@ -580,6 +580,32 @@ async def test_cancel_of_a_waiting_cancellable_workflow(console_engine: Engine) 
 
 
 # -- components, hot reload, submit, palette, help ----------------------------------------
+
+
+async def test_the_components_table_is_wide_enough_before_it_goes_idle(
+    console_engine: Engine,
+) -> None:
+    """The columns fit their cells as soon as the table is filled. (Auto-width columns
+    are measured only when the table next goes idle: until then each was as wide as its
+    title, "fano" for "fanout", which under load lasted long enough to fail a test.)"""
+    async with open_console(console_engine) as (app, pilot):
+        await pilot.press("C")
+        await until(
+            pilot,
+            lambda: getattr(app.screen, "deployment", None) is not None,
+            what="the deployment",
+        )
+        screen = app.screen
+        assert isinstance(screen, ComponentsScreen) and screen.deployment is not None
+        table = screen.query_one("#components", DataTable)
+        table.clear(columns=True)  # as on its first mount: nothing measured yet
+        table.add_columns("name", "type", "exports", "digest", "file")
+        screen.show(screen.deployment)  # and no pause: the table has not gone idle
+        widths = {str(c.label): c.get_render_width(table) - 2 for c in table.ordered_columns}
+        components = screen.deployment["components"]
+        assert widths["name"] >= max(len(c["name"]) for c in components) >= len("fanout")
+        assert widths["digest"] >= max(len(c["digest"][:19]) + 1 for c in components)
+        assert widths["file"] > len("file")
 
 
 async def test_components_screen_and_hot_reload(console_engine: Engine, tmp_path: Path) -> None:
