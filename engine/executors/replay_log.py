@@ -337,7 +337,7 @@ class ReplayLog:
             backtraces=[(i, frames) for i, frames in enumerate(stacks) if frames],
             component_digest=self.component_id.digest,
         )
-        inbox = self._open_inbox()  # before the commit: see below
+        inbox = self._inbox or self._open_inbox()  # before the commit: see below
         try:
             try:
                 # Straight to the storage's writer from this thread (no loop hop).
@@ -438,7 +438,7 @@ class ReplayLog:
 
     def _pull_inbox(self) -> bool:
         """Take what the inbox holds now; True when it brought a new response."""
-        items, poked = self._open_inbox().take(0)
+        items, poked = (self._inbox or self._open_inbox()).take(0)
         before = self.max_cursor
         if not self._accept(items) or poked:
             self._stale = True

@@ -564,13 +564,14 @@ class _RunState:
     def __init__(self, sink: LogSink) -> None:
         self.sink = sink
         self._lock = threading.Lock()
-        self._pending: list[tuple[LogStream, bytes]] = []
+        #: What the guest wrote and `flush_output` has not turned into lines yet.
+        self.pending: list[tuple[LogStream, bytes]] = []
         self._partial: dict[LogStream, bytes] = {"stdout": b"", "stderr": b""}
 
     def output_callback(self, stream: LogStream) -> Callable[[bytes], None]:
         def write(data: bytes) -> None:  # called on a wasmtime thread: only buffer
             with self._lock:
-                self._pending.append((stream, bytes(data)))
+                self.pending.append((stream, bytes(data)))
 
         return write
 
@@ -583,7 +584,7 @@ class _RunState:
     def flush_output(self, final: bool = False) -> None:
         """Turn buffered stdout/stderr bytes into lines (the rest of a line too if `final`)."""
         with self._lock:
-            pending, self._pending = self._pending, []
+            pending, self.pending = self.pending, []
         for stream, data in pending:
             buf = self._partial[stream] + data
             *lines, rest = buf.split(b"\n")
@@ -713,7 +714,8 @@ class WasmActivityRunner:
         state = _RunState(log)
 
         def check() -> str | None:  # on the guest's thread, every epoch tick
-            state.flush_output()
+            if state.pending:  # (read without the lock: a racing write waits for the next)
+                state.flush_output()
             if cancel.is_set():
                 return "cancelled"
             if time.monotonic() >= deadline:

@@ -411,7 +411,7 @@ LINGER = 0.002
 def _refused(early: _EarlyResponses | None, tx: _Tx) -> _Outcome | None:
     """The outcome of `tx` when it depends on a transaction that failed (it writes
     nothing), else None."""
-    if early is None or not early.refused(tx):
+    if early is None or not tx.depends_on[1] or not early.refused(tx):  # (most: none)
         return None
     return (False, Conflict("a response the run was given was not committed"), _Notes())
 
