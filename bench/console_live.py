@@ -475,6 +475,8 @@ async def child_detail(args: argparse.Namespace) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     async with console(connect, probe, milestones) as (app, pilot):
+        from textual.widgets import Static
+
         from obelisk_tui import model
         from obelisk_tui.screens.detail import ExecutionDetailScreen
         from obelisk_tui.screens.executions import ExecutionsScreen
@@ -489,11 +491,11 @@ async def child_detail(args: argparse.Namespace) -> dict[str, Any]:
         samples: list[dict[str, Any]] = []
         for index in detail_targets(lst.total, args.samples):
             probe.label = "cursor"
-            ready = probe.expect(
-                lambda index=index: (
-                    lst.cursor == index and lst.row(index) is not None and visible_loaded(lst)
-                )
-            )
+
+            def at_row(index: int = index) -> bool:
+                return lst.cursor == index and lst.row(index) is not None and visible_loaded(lst)
+
+            ready = probe.expect(at_row)
             lst.move_cursor(index)
             await wait_for(ready, 30, f"row {index}")
             await pilot.pause(0.2)
@@ -508,7 +510,7 @@ async def child_detail(args: argparse.Namespace) -> dict[str, Any]:
                 if not (isinstance(screen, ExecutionDetailScreen) and screen.execution_id == eid):
                     return False
                 shown = screen.info
-                title = str(screen.query_one("#detail-title").visual)
+                title = str(screen.query_one("#detail-title", Static).visual)
                 # The Events tab's log is mounted when that tab is first shown: on
                 # `enter`, the screen's events and its title with the state (`_show`).
                 logs = screen.query(EventLog)

@@ -172,7 +172,7 @@ async def _measured(
         warm.append(await engine.submit(FANOUT, [3]))
         for eid, expected in zip(warm, [3] * warm_up + [6], strict=True):
             _ok(await engine.result(eid, 60), expected)
-        stats = engine.own_storage.stats
+        stats: dict[str, int] = engine.own_storage.stats  # type: ignore[attr-defined]  # (SQLite's)
         before = dict(stats)
         cpu0 = tree_cpu()
         result = await body(engine)
@@ -295,7 +295,11 @@ async def interrupt_curve(data_dir: Path, sizes: list[int]) -> list[dict[str, An
     for n in sizes:
         sub = data_dir / f"interrupt-{n}"
         sub.mkdir()
-        out.append(await _measured(sub, lambda e, n=n: serial(e, n, SERIAL_INTERRUPT)))
+
+        def body(e: Any, n: int = n) -> Awaitable[dict[str, Any]]:
+            return serial(e, n, SERIAL_INTERRUPT)
+
+        out.append(await _measured(sub, body))
     return out
 
 

@@ -102,7 +102,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 activity = restate.Service("StepActivity")
 
 
-@activity.handler()
+@activity.handler()  # type: ignore[untyped-decorator]
 async def step(ctx: restate.Context, x: int) -> int:
     """The trivial activity: input + 1."""
     return x + 1
@@ -116,7 +116,7 @@ async def inline_step(x: int) -> int:
 workflow = restate.Service("StepWorkflow")
 
 
-@workflow.handler()
+@workflow.handler()  # type: ignore[untyped-decorator]
 async def calls(ctx: restate.Context, req: dict[str, int]) -> int:
     """`n` sequential service calls to `StepActivity.step`."""
     x = req["start"]
@@ -125,7 +125,7 @@ async def calls(ctx: restate.Context, req: dict[str, int]) -> int:
     return x
 
 
-@workflow.handler()
+@workflow.handler()  # type: ignore[untyped-decorator]
 async def runs(ctx: restate.Context, req: dict[str, int]) -> int:
     """`n` sequential journaled side effects (`ctx.run_typed`)."""
     x = req["start"]

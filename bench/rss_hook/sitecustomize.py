@@ -52,7 +52,7 @@ def _dump(_signum: int, _frame: object) -> None:
         if _passes:
             lines = ["\n--- collector passes so far: generation, passes, CPU ms total/max, freed"]
             for g in sorted(_passes):
-                n, total, most, freed = _passes[g]
+                n, total, most, freed = (int(_passes[g][0]), *_passes[g][1:3], int(_passes[g][3]))
                 lines.append(
                     f"gen {g}: {n} passes, {total * 1000:.0f} / {most * 1000:.1f} ms, {freed}"
                 )
