@@ -16,6 +16,7 @@ import errno
 import itertools
 import logging
 import queue
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -32,11 +33,13 @@ class SlotTokens:
     `threading.BoundedSemaphore`), each acquire and release one C call on a queue of
     tokens. Releasing more than was acquired raises `ValueError`."""
 
-    __slots__ = ("_n", "_tokens")
+    __slots__ = ("_n", "_releasing", "_tokens")
 
     def __init__(self, n: int) -> None:
         self._n = n
         self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
+        #: Makes the over-release check and the put one step (a C lock: no Python call).
+        self._releasing = threading.Lock()
         for _ in range(n):
             self._tokens.put(None)
 
@@ -50,9 +53,10 @@ class SlotTokens:
         return True
 
     def release(self) -> None:
-        if self._tokens.qsize() >= self._n:
-            raise ValueError("slot released too many times")
-        self._tokens.put(None)
+        with self._releasing:
+            if self._tokens.qsize() >= self._n:
+                raise ValueError("slot released too many times")
+            self._tokens.put(None)
 
 
 _OutputCallback = Callable[[bytes], None]
