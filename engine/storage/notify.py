@@ -69,8 +69,10 @@ class Commits:
 
     def failed_between(self, low: int, high: int) -> bool:
         """Whether a transaction numbered `low`..`high` is settled as failed (no wait)."""
-        if not self._failed:  # the usual case, asked for every write (a set's truthiness
-            return False  # is read atomically; a failure is added before it is settled)
+        # Asked for every write, and usually nothing ever failed: a set's truthiness is
+        # read atomically, and a failure is added before its transaction is settled.
+        if not self._failed:
+            return False
         with self._lock:
             return any(low <= seq <= high for seq in self._failed)
 
