@@ -475,6 +475,13 @@ def install_lean_host_imports() -> bool:
         return True
     if current is None or not all(hasattr(qjs_engine, shim) for _, _, shim in _HOST_IMPORTS):
         return False
+    import wasmtime._func as wasmtime_func  # noqa: PLC2701 (wasmtime internals, version pinned)
+
+    needed = ("wasmtime_linker_define_func", "wasmtime_func_callback_t", "WASMTIME_I32")
+    if not hasattr(wasmtime_func, "LAST_EXCEPTION") or not all(
+        hasattr(wasmtime_ffi, name) for name in needed
+    ):
+        return False  # not the wasmtime-py this was written for
     trampolines = [
         (name, arity, lean_trampoline(getattr(qjs_engine, shim), arity))
         for name, arity, shim in _HOST_IMPORTS
