@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["ABORT_REPLY", "HostBridge", "wide_ints_as_bigints"]
 
 ABORT_REPLY = json.dumps({"e": "the workflow run was aborted"})
+"""The bridge's reply once the run is stopping: the guest's host call throws."""
 #: `json.dumps(value, allow_nan=False)` without building an encoder on every call.
 _encode_reply = json.JSONEncoder(allow_nan=False).encode
-"""The bridge's reply once the run is stopping: the guest's host call throws."""
 
 
 class _BadArgs(Exception):
