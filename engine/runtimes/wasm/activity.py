@@ -39,7 +39,6 @@ import contextlib
 import ctypes
 import hashlib
 import importlib.metadata
-import itertools
 import logging
 import os
 import platform
@@ -77,7 +76,7 @@ from engine.runtimes.wasm.common import (
     post_return,
     trap_reason,
 )
-from engine.runtimes.wasm.plumbing import SlotTokens, set_output
+from engine.runtimes.wasm.plumbing import Keyed, SlotTokens, set_output
 from engine.wit.codec import (
     WitValueError,
     json_to_wasmtime,
@@ -166,15 +165,13 @@ _EPOCH_CALLBACK = ctypes.CFUNCTYPE(
     ctypes.POINTER(ctypes.c_uint64),
     ctypes.POINTER(ffi.wasmtime_update_deadline_kind_t),
 )
-_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_INTERRUPTS: dict[int, Interrupt] = {}
-_interrupt_ids = itertools.count(1)
+_INTERRUPTS: Keyed[Interrupt] = Keyed()
 _UPDATE_DEADLINE_CONTINUE = 0
 
 
 @_EPOCH_CALLBACK  # type: ignore[untyped-decorator]
 def _on_epoch(_ctx: Any, data: int | None, delta: Any, kind: Any) -> int:
-    interrupt = _INTERRUPTS.get(data or 0)
+    interrupt = _INTERRUPTS.items.get(data or 0)
     if interrupt is not None:
         try:
             if interrupt.reason is None:
@@ -193,11 +190,6 @@ def _on_epoch(_ctx: Any, data: int | None, delta: Any, kind: Any) -> int:
     return 0
 
 
-@_FINALIZER  # type: ignore[untyped-decorator]
-def _on_store_dropped(data: int | None) -> None:
-    _INTERRUPTS.pop(data or 0, None)
-
-
 def install_interrupt(store: wasmtime.Store, check: Callable[[], str | None]) -> Interrupt:
     """Make `store`'s guest code stop (trap) as soon as `check()` returns a reason.
 
@@ -205,9 +197,8 @@ def install_interrupt(store: wasmtime.Store, check: Callable[[], str | None]) ->
     the guest traps at the first epoch check. `check` runs on the thread running the guest.
     """
     interrupt = Interrupt(check)
-    key = next(_interrupt_ids)
-    _INTERRUPTS[key] = interrupt
-    ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), _on_epoch, key, _on_store_dropped)
+    key = _INTERRUPTS.add(interrupt)
+    ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), _on_epoch, key, _INTERRUPTS.dropped)
     store.set_epoch_deadline(1)
     return interrupt
 

@@ -7,6 +7,9 @@
 - `set_output`: a WASI stdout/stderr callback through one static C callback and a
   key, instead of wasmtime-py's `WasiConfig.stdout_custom` (a slab entry allocated,
   looked up and freed through Python calls for every run and stream).
+- `Keyed`: the objects such static callbacks find by key (the outputs here, the
+  runs' interrupts in `engine.runtimes.wasm.activity`), forgotten when wasmtime drops
+  the key.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import wasmtime
 from wasmtime import _ffi as ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
 
-__all__ = ["SlotTokens", "set_output"]
+__all__ = ["Keyed", "SlotTokens", "set_output"]
+
+T = TypeVar("T")
 
 _log = logging.getLogger("obelisk.wasm")
 
@@ -59,11 +64,39 @@ class SlotTokens:
             self._tokens.put(None)
 
 
+#: The finalizer wasmtime calls with a callback's data when it lets go of it.
+FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class Keyed(Generic[T]):
+    """Python objects that a static C callback finds by key (the `void*` data wasmtime
+    hands it), rather than a ctypes closure made per run. `dropped` is the finalizer to
+    give wasmtime with the key: the object is forgotten when wasmtime lets go of it."""
+
+    __slots__ = ("_keys", "dropped", "items")
+
+    def __init__(self) -> None:
+        self.items: dict[int, T] = {}
+        self._keys = itertools.count(1)
+        items = self.items
+
+        def drop(key: int | None) -> None:
+            items.pop(key or 0, None)
+
+        self.dropped = FINALIZER(drop)
+
+    def add(self, item: T) -> int:
+        """`item` under a new key (its callback's data)."""
+        key = next(self._keys)
+        self.items[key] = item
+        return key
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 _OutputCallback = Callable[[bytes], None]
-_OUTPUTS: dict[int, _OutputCallback] = {}
-_output_keys = itertools.count(1)
-
-
+_OUTPUTS: Keyed[_OutputCallback] = Keyed()
 _OUTPUT_CALLBACK = ctypes.CFUNCTYPE(
     ctypes.c_ssize_t, ctypes.c_void_p, ctypes.POINTER(ctypes.c_ubyte), ctypes.c_size_t
 )
@@ -74,7 +107,7 @@ def _on_output(key: int | None, data: Any, size: int) -> int:
     """WASI's write to the stream of `key`: the bytes to its callback (as wasmtime-py's
     `custom_call`: all of them taken; an exception is an I/O error for the guest)."""
     try:
-        callback = _OUTPUTS[key or 0]
+        callback = _OUTPUTS.items[key or 0]
         callback(ctypes.string_at(data, size))
         return size
     except Exception:
@@ -82,20 +115,13 @@ def _on_output(key: int | None, data: Any, size: int) -> int:
         return -errno.EIO
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # type: ignore[untyped-decorator]
-def _on_output_dropped(key: int | None) -> None:
-    """The store (its WASI context) is gone: so is the callback."""
-    _OUTPUTS.pop(key or 0, None)
-
-
 def set_output(wasi: wasmtime.WasiConfig, stream: str, callback: _OutputCallback) -> None:
     """Send what the guest writes to `stream` ("stdout" or "stderr") to `callback`, on
     the thread running the guest, until the store using `wasi` is dropped."""
-    key = next(_output_keys)
-    _OUTPUTS[key] = callback
+    key = _OUTPUTS.add(callback)
     set_custom = (
         ffi.wasi_config_set_stdout_custom
         if stream == "stdout"
         else ffi.wasi_config_set_stderr_custom
     )
-    set_custom(wasi.ptr(), _on_output, key, _on_output_dropped)
+    set_custom(wasi.ptr(), _on_output, key, _OUTPUTS.dropped)
