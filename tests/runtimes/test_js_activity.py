@@ -40,6 +40,10 @@ from engine.runtimes.outcome import (
 # ---------------------------------------------------------------------------
 
 
+#: Set when a request for `/slow` arrives: the guest is then waiting on its fetch.
+SLOW_REQUESTED = threading.Event()
+
+
 class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -59,6 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/hello":
             self._send(200, b'{"msg": "hi"}', {"Content-Type": "application/json", "X-Test": "1"})
         elif self.path == "/slow":
+            SLOW_REQUESTED.set()
             time.sleep(1.5)
             self._send(200, b"late")
         elif self.path == "/redirect":
@@ -477,10 +482,14 @@ def test_cancel_interrupts_pending_fetch(server: str) -> None:
     set_at: list[float] = []
 
     def fire() -> None:
+        # Once the guest waits on its fetch (not after a fixed delay: under load the
+        # sandbox alone can take longer to start, and the cancel would come before it).
+        SLOW_REQUESTED.wait(10)
         set_at.append(time.monotonic())
         cancel.set()
 
-    threading.Timer(0.2, fire).start()
+    SLOW_REQUESTED.clear()
+    threading.Thread(target=fire, daemon=True).start()
     out = runner.call([server], time.monotonic() + 10, cancel, lambda _l: None, [server])
     assert out == RunCancelled()
     assert time.monotonic() - set_at[0] < 0.1
