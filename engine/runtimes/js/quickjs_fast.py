@@ -22,6 +22,8 @@ import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import wasmtime
+import wasmtime._func as wasmtime_func  # noqa: PLC2701 (wasmtime internals, version pinned)
 from wasmtime import _ffi as wasmtime_ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
 from wasmtime._extern import wrap_extern  # noqa: PLC2701 (wasmtime internals, version pinned)
 
@@ -81,7 +83,6 @@ _QUICK_EXPORTS = frozenset(
 @functools.cache
 def _call_bindings() -> dict[str, Any]:
     """What every instance's `c` needs, looked up once per process."""
-    import wasmtime._func as wasmtime_func  # noqa: PLC2701 (wasmtime internals, version pinned)
     from quickjs_rs import _engine as qjs_engine  # noqa: PLC2701 (quickjs_rs internals, version pinned)
     from wasmtime import Trap, ValType, WasmtimeError
 
@@ -395,9 +396,6 @@ def lean_trampoline(target: Any, arity: int) -> Any:
     a result that is not an int is a `TypeError`; an exception (a `BaseException`, as
     wasmtime-py) becomes wasmtime-py's pending exception (`LAST_EXCEPTION`, raised by
     the guest call's `maybe_raise_last_exn`) and a trap for the guest."""
-    import wasmtime._func as wasmtime_func  # noqa: PLC2701 (wasmtime internals, version pinned)
-    from wasmtime import Trap
-
     i32 = wasmtime_ffi.WASMTIME_I32.value
     void_p = ctypes.c_void_p
     cast = ctypes.cast
@@ -427,7 +425,7 @@ def lean_trampoline(target: Any, arity: int) -> Any:
         except BaseException as e:
             # (wasmtime-py's own trampoline stores any BaseException there too.)
             wasmtime_func.LAST_EXCEPTION = e  # type: ignore[assignment]
-            trap = Trap("python exception")._consume()
+            trap = wasmtime.Trap("python exception")._consume()
             return cast(trap, void_p).value  # (as wasmtime-py's trampoline)
 
     trampoline = wasmtime_ffi.wasmtime_func_callback_t(callback)
@@ -441,8 +439,6 @@ _NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)()  # NULL: nothing to fr
 def define_lean_import(linker: Any, module: str, name: str, arity: int, trampoline: Any) -> None:
     """Define `module`.`name` (`arity` i32s → i32) in wasmtime-py `linker` as the C
     callback `trampoline` (`lean_trampoline`), for every store instantiating from it."""
-    import wasmtime
-
     ty = wasmtime.FuncType([wasmtime.ValType.i32()] * arity, [wasmtime.ValType.i32()])
     raw_module, raw_name = module.encode(), name.encode()
     error = wasmtime_ffi.wasmtime_linker_define_func(
@@ -466,7 +462,6 @@ def install_lean_host_imports() -> bool:
     quickjs-rs does not define the imports 0.2.6 does). Takes effect for the linker built
     after it: the JS runtimes install it on import, before any sandbox exists."""
     try:
-        import wasmtime
         from quickjs_rs import _engine as qjs_engine  # noqa: PLC2701 (quickjs_rs internals, version pinned)
     except ImportError:
         return False
@@ -475,8 +470,6 @@ def install_lean_host_imports() -> bool:
         return True
     if current is None or not all(hasattr(qjs_engine, shim) for _, _, shim in _HOST_IMPORTS):
         return False
-    import wasmtime._func as wasmtime_func  # noqa: PLC2701 (wasmtime internals, version pinned)
-
     needed = ("wasmtime_linker_define_func", "wasmtime_func_callback_t", "WASMTIME_I32")
     if not hasattr(wasmtime_func, "LAST_EXCEPTION") or not all(
         hasattr(wasmtime_ffi, name) for name in needed
