@@ -38,7 +38,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench.workflow_throughput import SERIAL, _ok, proc_stat, write_deployment
+from bench.procs import proc_stat
+from bench.workflow_throughput import SERIAL, _ok, write_deployment
 
 
 def thread_cpu() -> dict[int, float]:

@@ -57,6 +57,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench.procs import tree_cpu
+
 ACTIVITY_IFC = "testing:fixtures/activity"
 SERIAL = "bench:wf/workflows.serial"
 FANOUT = "bench:wf/workflows.fanout"
@@ -223,34 +225,6 @@ async def many(engine: Any, workflows: int, per_workflow: int) -> dict[str, Any]
         "elapsed_s": round(elapsed, 3),
         "steps_per_s": round(steps / elapsed),
     }
-
-
-def proc_stat(path: str) -> tuple[int, float] | None:
-    """(parent pid, user+sys CPU seconds) from a `/proc/…/stat` file; None when gone."""
-    try:
-        with open(path) as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after the command's name
-    except OSError:
-        return None
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu() -> float:
-    """User+sys CPU seconds of this process and every process under it (an engine's
-    helper processes: `many-shared`), from `/proc` (`RUSAGE_CHILDREN` counts only
-    children that ended)."""
-    children: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        if (stat := proc_stat(f"/proc/{entry}/stat")) is not None:
-            children.setdefault(stat[0], []).append(int(entry))
-            cpu[int(entry)] = stat[1]
-    total, todo = 0.0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        total += cpu.get(pid, 0.0)
-        todo += children.get(pid, [])
-    return total
 
 
 async def many_shared(data_dir: Path, workflows: int, per_workflow: int) -> dict[str, Any]:

@@ -91,10 +91,12 @@ import restate
 from restate import RunOptions
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))  # the repository: `bench.procs`
+from bench.procs import cpu_seconds, process_tree  # noqa: E402
+
 DEFAULT_SERVER_BIN = (
     "/work/peers-npm/node_modules/@restatedev/restate-server-linux-x64/bin/restate-server"
 )
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # --------------------------------------------------------------------------------------
 # The Restate services (imported by hypercorn as `restate_steps:app`).
@@ -153,40 +155,6 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of one process (all its threads), in clock ticks; 0 if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
-
-
-def process_tree(root: int) -> list[int]:
-    """`root` and all its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def tree_ticks(pids: list[int]) -> int:
-    return sum(cpu_ticks(p) for p in pids)
 
 
 class Peer:
@@ -374,13 +342,13 @@ async def measure_round(
 ) -> dict[str, Any]:
     assert peer.server is not None and peer.service is not None
     sdk_pids = process_tree(peer.service.pid)
-    s0, k0 = cpu_ticks(peer.server.pid), tree_ticks(sdk_pids)
+    s0, k0 = cpu_seconds([peer.server.pid]), cpu_seconds(sdk_pids)
     c0 = time.process_time()
     wall = await run_batch(session, peer, variant, workflows, per, base)
     c1 = time.process_time()
-    s1, k1 = cpu_ticks(peer.server.pid), tree_ticks(sdk_pids)
+    s1, k1 = cpu_seconds([peer.server.pid]), cpu_seconds(sdk_pids)
     steps = workflows * per
-    server_s, sdk_s = (s1 - s0) / CLK_TCK, (k1 - k0) / CLK_TCK
+    server_s, sdk_s = s1 - s0, k1 - k0
     return {
         "variant": variant,
         "workflows": workflows,
