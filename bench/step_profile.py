@@ -78,8 +78,12 @@ class CallCounter:
         group = group_of(threading.current_thread().name)
         code = frame.f_code
         where = f"{code.co_filename.rsplit('site-packages/', 1)[-1]}:{code.co_firstlineno}"
+        name = code.co_qualname
+        if code.co_filename == "<string>" and "self" in frame.f_locals:
+            # Generated methods (dataclasses' __init__, __eq__...): name the class.
+            name = f"{type(frame.f_locals['self']).__qualname__}.{code.co_name}"
         self.by_group[group] += 1
-        self.by_function[(group, f"{where} {code.co_qualname}")] += 1
+        self.by_function[(group, f"{where} {name}")] += 1
 
 
 async def profile(

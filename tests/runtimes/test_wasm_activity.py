@@ -212,7 +212,7 @@ def test_stdout_and_stderr_are_captured_as_lines(runner: WasmActivityRunner) -> 
 
 
 def test_output_callbacks_go_with_their_runs(runner: WasmActivityRunner) -> None:
-    """Each run's stdout/stderr callbacks (`plumbing.set_output`) are dropped with its
+    """Each run's stdout/stderr callbacks (`plumbing.RunStore.set_wasi`) are dropped with its
     store: none is left behind, whatever the run did."""
     before = len(wasm_plumbing._OUTPUTS)
     for _ in range(5):

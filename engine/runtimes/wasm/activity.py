@@ -52,6 +52,7 @@ from typing import Any
 
 import wasmtime
 from wasmtime import WasmtimeError
+from wasmtime import _bindings as bindings  # noqa: PLC2701 (wasmtime internals, version pinned)
 from wasmtime import _ffi as ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
 from wasmtime import component as wc
 
@@ -76,7 +77,7 @@ from engine.runtimes.wasm.common import (
     post_return,
     trap_reason,
 )
-from engine.runtimes.wasm.plumbing import Keyed, SlotTokens, set_output
+from engine.runtimes.wasm.plumbing import Keyed, RunStore, SlotTokens
 from engine.wit.codec import (
     WitValueError,
     json_to_wasmtime,
@@ -190,7 +191,9 @@ def _on_epoch(_ctx: Any, data: int | None, delta: Any, kind: Any) -> int:
     return 0
 
 
-def install_interrupt(store: wasmtime.Store, check: Callable[[], str | None]) -> Interrupt:
+def install_interrupt(
+    store: wasmtime.Store | RunStore, check: Callable[[], str | None]
+) -> Interrupt:
     """Make `store`'s guest code stop (trap) as soon as `check()` returns a reason.
 
     Every store of an epoch-interruption engine needs this (or its own deadline): without it
@@ -198,9 +201,14 @@ def install_interrupt(store: wasmtime.Store, check: Callable[[], str | None]) ->
     """
     interrupt = Interrupt(check)
     key = _INTERRUPTS.add(interrupt)
-    ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), _on_epoch, key, _INTERRUPTS.dropped)
-    store.set_epoch_deadline(1)
+    _epoch_deadline_callback(store.ptr(), _on_epoch, key, _INTERRUPTS.dropped)
+    _set_epoch_deadline(store._context(), 1)
     return interrupt
+
+
+# (`_bindings`' `name` functions are a Python call each around `_name`; these keep the GIL.)
+_epoch_deadline_callback = bindings._wasmtime_store_epoch_deadline_callback
+_set_epoch_deadline = bindings._wasmtime_context_set_epoch_deadline
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,6 +289,7 @@ class WasmEngine:
             config.epoch_interruption = True
             engine = wasmtime.Engine(config)
         self.engine = engine
+        self._engine_ptr = engine.ptr()
         #: Bounds the instances alive at once to the pool's slots.
         self.slots = SlotTokens(pool_slots) if self.pooled else None
         self._lock = threading.Lock()
@@ -324,6 +333,28 @@ class WasmEngine:
         self.ensure_ticker()
         store = wasmtime.Store(self.engine)
         return store, install_interrupt(store, check)
+
+    def new_run_store(self, check: Callable[[], str | None]) -> tuple[RunStore, Interrupt]:
+        """`new_store` for an activity run: a `RunStore`."""
+        if self._ticker is None:
+            self.ensure_ticker()
+        store = RunStore(self._engine_ptr)
+        return store, install_interrupt(store, check)
+
+    def take_slot(self, check: Callable[[], str | None]) -> str | None:
+        """Wait for a pooled instance slot (at once without a pool): None once it is
+        held (give it back with `release_slot`), or the reason `check()` gave for not
+        waiting any longer."""
+        slots = self.slots
+        if slots is not None:
+            while not slots.acquire(timeout=0.05):
+                if (reason := check()) is not None:
+                    return reason
+        return None
+
+    def release_slot(self) -> None:
+        if self.slots is not None:
+            self.slots.release()
 
     def activity_linker(self) -> wc.Linker:
         """WASI p2, wasi:http and `obelisk:log`, shared by all activity runs (built once)."""
@@ -423,20 +454,15 @@ class WasmEngine:
 
     @contextlib.contextmanager
     def slot(self, check: Callable[[], str | None]) -> Iterator[str | None]:
-        """While a pooled instance slot is held (at once without a pool); yields None, or
-        the reason `check()` gave for not waiting any longer."""
-        slots = self.slots
-        if slots is None:
-            yield None
+        """`take_slot` … `release_slot` as a context: yields None while the slot is held,
+        or the reason `check()` gave for not waiting any longer."""
+        if (reason := self.take_slot(check)) is not None:
+            yield reason
             return
-        while not slots.acquire(timeout=0.05):
-            if (reason := check()) is not None:
-                yield reason
-                return
         try:
             yield None
         finally:
-            slots.release()
+            self.release_slot()
 
 
 def load_activity(
@@ -559,12 +585,10 @@ class _RunState:
         self.pending: list[tuple[LogStream, bytes]] = []
         self._partial: dict[LogStream, bytes] = {"stdout": b"", "stderr": b""}
 
-    def output_callback(self, stream: LogStream) -> Callable[[bytes], None]:
-        def write(data: bytes) -> None:  # called on a wasmtime thread: only buffer
-            with self._lock:
-                self.pending.append((stream, bytes(data)))
-
-        return write
+    def write(self, stream: LogStream, data: bytes) -> None:
+        """What the guest wrote to `stream` (called on a wasmtime thread: only buffer)."""
+        with self._lock:
+            self.pending.append((stream, data))
 
     def emit(self, line: LogLine) -> None:
         try:
@@ -645,14 +669,15 @@ class WasmActivityRunner:
         self.signatures = dict(signatures)
         self.engine = engine or engine_of(component)
         self._linker = self.engine.activity_linker()
+        # Their C pointers, valid while the runner holds them (`RunStore.instantiate`).
+        self._linker_ptr = self._linker.ptr()
+        self._component_ptr = component.ptr()
         self._export_types: dict[str, ExportTypes | None] = {}
 
-    def _types(self, ffqn: str, instance: Any, store: wasmtime.Store) -> ExportTypes | None:
-        """The cached export index and types of `ffqn` (None: not exported)."""
-        try:
-            return self._export_types[ffqn]
-        except KeyError:
-            pass
+    def _types(self, ffqn: str, instance: Any, store: RunStore) -> ExportTypes | None:
+        """The export index and types of `ffqn` (None: not exported), looked up once
+        (callers read `_export_types` first); `instance` is a raw instance."""
+        instance = wc.Instance._from_raw(instance)
         interface, _, function = ffqn.rpartition(".")
         types = None
         ifc_index = self.component.get_export_index(interface)
@@ -715,10 +740,14 @@ class WasmActivityRunner:
 
         if (early := check()) is not None:
             return RunCancelled() if early == "cancelled" else RunTimedOut()
-        with self.engine.slot(check) as stopped:
-            if stopped is not None:
-                return RunCancelled() if stopped == "cancelled" else RunTimedOut()
+        engine = self.engine
+        # `engine.slot(check)` written out: a context manager is four Python calls more.
+        if (stopped := engine.take_slot(check)) is not None:
+            return RunCancelled() if stopped == "cancelled" else RunTimedOut()
+        try:
             return self._run_in_slot(ffqn, args, result_type, env_vars, state, check)
+        finally:
+            engine.release_slot()
 
     def _run_in_slot(
         self,
@@ -729,14 +758,7 @@ class WasmActivityRunner:
         state: _RunState,
         check: Callable[[], str | None],
     ) -> RunOutcome:
-        store, interrupt = self.engine.new_store(check)
-        wasi = wasmtime.WasiConfig()
-        if env_vars:
-            wasi.env = [(k, v) for k, v in env_vars.items()]
-        set_output(wasi, "stdout", state.output_callback("stdout"))
-        set_output(wasi, "stderr", state.output_callback("stderr"))
-        store.set_wasi(wasi)
-        store.set_wasi_http()
+        store, interrupt = self.engine.new_run_store(check)
 
         def interrupted_or_trap(error: WasmtimeError) -> RunOutcome:
             if interrupt.reason == "cancelled":
@@ -748,14 +770,19 @@ class WasmActivityRunner:
         _ACTIVE.state = state
         try:
             try:
-                instance = self._linker.instantiate(store, self.component)
+                store.set_wasi(env_vars, state.write)
+                instance = store.instantiate(self._linker_ptr, self._component_ptr)
             except WasmtimeError as e:
                 outcome = interrupted_or_trap(e)
                 if isinstance(outcome, RunTrap):
                     return RunTrap(f"cannot instantiate: {error_cause(str(e))}"[:300], str(e))
                 return outcome
-            types = self._types(ffqn, instance, store)
-            func = None if types is None else instance.get_func(store, types.index)
+            types = (
+                self._export_types[ffqn]
+                if ffqn in self._export_types
+                else self._types(ffqn, instance, store)
+            )
+            func = None if types is None else store.get_func(instance, types.index.ptr())
             if func is None or types is None:
                 return RunTrap(f"function not exported by the component: {ffqn}")
             try:

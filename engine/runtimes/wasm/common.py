@@ -9,12 +9,29 @@ import ctypes
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-import wasmtime
-import wasmtime.component as wc
 from wasmtime import WasmtimeError
+from wasmtime import _bindings as bindings  # noqa: PLC2701 (wasmtime internals, version pinned)
 from wasmtime import _ffi as ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
+
+from engine.runtimes.gil import keep_gil
+
+
+class Storelike(Protocol):
+    """A `wasmtime.Store`, or `engine.runtimes.wasm.plumbing.RunStore`."""
+
+    def _context(self) -> Any: ...
+
+
+# wasmtime's C functions of a call, bound once, after the GIL-keeping ones are installed
+# (`_bindings`' `name` functions are a Python call each around `_name`).
+keep_gil()
+_func_call = bindings._wasmtime_component_func_call
+_post_return = bindings._wasmtime_component_func_post_return
+_val_delete = bindings._wasmtime_component_val_delete
+_RESULT_KIND = ffi.WASMTIME_COMPONENT_RESULT.value
+_byref = ctypes.byref
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +50,10 @@ class ExportTypes:
 
 
 def call_result_func(
-    func: wc.Func, store: wasmtime.Store, args: Sequence[Any], types: ExportTypes
+    func: Any, store: Storelike, args: Sequence[Any], types: ExportTypes
 ) -> tuple[bool, Any]:
-    """Call a function returning `result<…>`; `(is_ok, payload as lifted by wasmtime-py)`.
+    """Call the function `func` (raw: `wc.Func._func`, or `RunStore.get_func`'s) returning
+    `result<…>`; `(is_ok, payload as lifted by wasmtime-py)`.
 
     `Func.__call__` of wasmtime-py 50, without its process-global host-exception slot, and
     with the `result` case read from the C value (not guessed from the payload's class).
@@ -50,17 +68,10 @@ def call_result_func(
             ty.convert_to_c(store, value, ctypes.pointer(param_capi[n]))
             n += 1
         result_space = ffi.wasmtime_component_val_t()
-        error = ffi.wasmtime_component_func_call(
-            ctypes.byref(func._func),
-            store._context(),
-            param_capi,
-            n,
-            ctypes.byref(result_space),
-            1,
-        )
+        error = _func_call(_byref(func), store._context(), param_capi, n, _byref(result_space), 1)
         if error:
             raise WasmtimeError._from_ptr(error)
-        if result_space.kind != ffi.WASMTIME_COMPONENT_RESULT.value:
+        if result_space.kind != _RESULT_KIND:
             raise TypeError("the function did not return a result")
         is_ok = bool(result_space.of.result.is_ok)
         payload_ty = types.ok if is_ok else types.err
@@ -71,16 +82,16 @@ def call_result_func(
         payload = payload_ty.convert_from_c(ptr.contents)
         ptr.contents.kind = ffi.WASMTIME_COMPONENT_BOOL
         ptr.contents.of.boolean = False
-        ffi.wasmtime_component_val_delete(ptr)
+        _val_delete(ptr)
         return is_ok, payload
     finally:
         for i in range(n):
-            ffi.wasmtime_component_val_delete(ctypes.byref(param_capi[i]))
+            _val_delete(_byref(param_capi[i]))
 
 
-def post_return(func: wc.Func, store: wasmtime.Store) -> None:
-    error = ffi.wasmtime_component_func_post_return(ctypes.byref(func._func), store._context())
-    if error:
+def post_return(func: Any, store: Storelike) -> None:
+    """The post-return of the raw function `func` after `call_result_func`."""
+    if error := _post_return(_byref(func), store._context()):
         raise WasmtimeError._from_ptr(error)
 
 

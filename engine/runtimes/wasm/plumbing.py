@@ -10,6 +10,11 @@
 - `Keyed`: the objects such static callbacks find by key (the outputs here, the
   runs' interrupts in `engine.runtimes.wasm.activity`), forgotten when wasmtime drops
   the key.
+- `RunStore`: a run's store, WASI context, instance and function handled with
+  wasmtime's C calls directly. wasmtime-py's `Store`, `WasiConfig`, `Linker.instantiate`,
+  `Instance` and `Func` spend ~60 Python calls per run on ownership bookkeeping
+  (`Managed.ptr`, `_context()`, wrapper objects, finalizers) around a dozen C calls;
+  every Python call of a run is GIL time the workflows and the writer wait for.
 """
 
 from __future__ import annotations
@@ -20,13 +25,21 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 import wasmtime
+from wasmtime import WasmtimeError
+from wasmtime import _bindings as bindings  # noqa: PLC2701 (wasmtime internals, version pinned)
 from wasmtime import _ffi as ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
 
-__all__ = ["Keyed", "SlotTokens", "set_output"]
+from engine.runtimes.gil import keep_gil
+from engine.runtimes.outcome import LogStream
+
+__all__ = ["Keyed", "OutputWriter", "RunStore", "SlotTokens"]
+
+# The GIL-keeping bindings first: `RunStore` binds wasmtime's C functions below, once.
+keep_gil()
 
 T = TypeVar("T")
 
@@ -95,33 +108,110 @@ class Keyed(Generic[T]):
         return len(self.items)
 
 
-_OutputCallback = Callable[[bytes], None]
-_OUTPUTS: Keyed[_OutputCallback] = Keyed()
+#: Where a run's guest output goes: `(stream, bytes)`.
+OutputWriter = Callable[[LogStream, bytes], None]
+_OUTPUTS: Keyed[OutputWriter] = Keyed()
 _OUTPUT_CALLBACK = ctypes.CFUNCTYPE(
     ctypes.c_ssize_t, ctypes.c_void_p, ctypes.POINTER(ctypes.c_ubyte), ctypes.c_size_t
 )
 
 
-@_OUTPUT_CALLBACK  # type: ignore[untyped-decorator]
-def _on_output(key: int | None, data: Any, size: int) -> int:
-    """WASI's write to the stream of `key`: the bytes to its callback (as wasmtime-py's
-    `custom_call`: all of them taken; an exception is an I/O error for the guest)."""
+def _output(stream: LogStream, key: int | None, data: Any, size: int) -> int:
+    """WASI's write to `stream` of the run of `key`: the bytes to its writer (as
+    wasmtime-py's `custom_call`: all of them taken; an exception is an I/O error for the
+    guest)."""
     try:
-        callback = _OUTPUTS.items[key or 0]
-        callback(ctypes.string_at(data, size))
+        _OUTPUTS.items[key or 0](stream, ctypes.string_at(data, size))
         return size
     except Exception:
         _log.exception("WASI output callback failed")
         return -errno.EIO
 
 
-def set_output(wasi: wasmtime.WasiConfig, stream: str, callback: _OutputCallback) -> None:
-    """Send what the guest writes to `stream` ("stdout" or "stderr") to `callback`, on
-    the thread running the guest, until the store using `wasi` is dropped."""
-    key = _OUTPUTS.add(callback)
-    set_custom = (
-        ffi.wasi_config_set_stdout_custom
-        if stream == "stdout"
-        else ffi.wasi_config_set_stderr_custom
-    )
-    set_custom(wasi.ptr(), _on_output, key, _OUTPUTS.dropped)
+@_OUTPUT_CALLBACK  # type: ignore[untyped-decorator]
+def _on_stdout(key: int | None, data: Any, size: int) -> int:
+    return _output("stdout", key, data, size)
+
+
+@_OUTPUT_CALLBACK  # type: ignore[untyped-decorator]
+def _on_stderr(key: int | None, data: Any, size: int) -> int:
+    return _output("stderr", key, data, size)
+
+
+# wasmtime's C functions, bound once (`_bindings`' `_name` objects: its `name` functions
+# are a Python call each around them). Those of `engine.runtimes.gil.QUICK_C_FUNCTIONS`
+# keep the GIL; instantiating and calling run guest code and release it.
+_store_new = bindings._wasmtime_store_new
+_store_context = bindings._wasmtime_store_context
+_store_delete = bindings._wasmtime_store_delete
+_wasi_config_new = bindings._wasi_config_new
+_set_stdout = bindings._wasi_config_set_stdout_custom
+_set_stderr = bindings._wasi_config_set_stderr_custom
+_context_set_wasi = bindings._wasmtime_context_set_wasi
+_context_set_wasi_http = bindings._wasmtime_context_set_wasi_http
+_linker_instantiate = bindings._wasmtime_component_linker_instantiate
+_instance_get_func = bindings._wasmtime_component_instance_get_func
+_NO_FINALIZER = ctypes.cast(0, ctypes.CFUNCTYPE(None, ctypes.c_void_p))
+_byref = ctypes.byref
+
+
+class RunStore:
+    """The wasmtime store of one activity run (see the module's docstring), made and
+    dropped with C calls. For wasmtime-py's value conversions and type lookups it is a
+    store (`_context()`, `ptr()`)."""
+
+    __slots__ = ("_ptr", "context")
+
+    def __init__(self, engine_ptr: Any) -> None:
+        """A store of the engine `engine_ptr` (`wasmtime.Engine.ptr()`)."""
+        self._ptr: Any = _store_new(engine_ptr, None, _NO_FINALIZER)
+        #: The store's context; None once closed.
+        self.context: Any = _store_context(self._ptr)
+
+    def ptr(self) -> Any:
+        if self._ptr is None:
+            raise ValueError("already closed")
+        return self._ptr
+
+    def _context(self) -> Any:
+        if self.context is None:
+            raise ValueError("already closed")
+        return self.context
+
+    def set_wasi(self, env: Mapping[str, str], output: OutputWriter) -> None:
+        """WASI (with `env` as its environment, stdout and stderr to `output` on the
+        thread running the guest, until the store is closed) and wasi:http."""
+        if env:
+            config = wasmtime.WasiConfig()
+            config.env = list(env.items())
+            wasi = config._consume()
+        else:
+            wasi = _wasi_config_new()
+        key = _OUTPUTS.add(output)
+        # One key for both streams: each gives it back to `dropped` with the store
+        # (the second finds it gone).
+        _set_stdout(wasi, _on_stdout, key, _OUTPUTS.dropped)
+        _set_stderr(wasi, _on_stderr, key, _OUTPUTS.dropped)
+        if error := _context_set_wasi(self.context, wasi):
+            raise WasmtimeError._from_ptr(error)
+        _context_set_wasi_http(self.context)
+
+    def instantiate(self, linker_ptr: Any, component_ptr: Any) -> Any:
+        """`wasmtime.component.Linker.instantiate`: the raw instance."""
+        instance = ffi.wasmtime_component_instance_t()
+        if error := _linker_instantiate(linker_ptr, self.context, component_ptr, _byref(instance)):
+            raise WasmtimeError._from_ptr(error)
+        return instance
+
+    def get_func(self, instance: Any, index_ptr: Any) -> Any | None:
+        """The raw function of `instance` at the export index `index_ptr`, or None."""
+        func = ffi.wasmtime_component_func_t()
+        if not _instance_get_func(_byref(instance), self.context, index_ptr, _byref(func)):
+            return None
+        return func
+
+    def close(self) -> None:
+        """Drop the store (its instance slot is free once this returns); idempotent."""
+        if self._ptr is not None:
+            _store_delete(self._ptr)
+            self._ptr = self.context = None

@@ -330,8 +330,8 @@ class WasmWorkflowRunner:
             func = instance.get_func(store, export.index)
             if func is None:
                 return WfTrap(f"function not exported by the component: {ffqn}")
-            is_ok, raw = call_result_func(func, store, args, export)
-            post_return(func, store)
+            is_ok, raw = call_result_func(func._func, store, args, export)
+            post_return(func._func, store)
         except WasmtimeError as e:
             return self._failure(run, e, interrupt.reason)
         except (TypeError, ValueError) as e:  # wasmtime-py rejected a converted value
