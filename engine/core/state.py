@@ -263,7 +263,8 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
     u = s.underlying
     if isinstance(u, Finished):
         raise IllegalAppend("the execution is finished: nothing can be appended")
-    n = _copy(s)
+    # `_copy(s)`, inline (this runs for every event appended).
+    n = msgspec.structs.replace(s, join_sets=dict(s.join_sets))
     n.next_version = s.next_version + 1
     # The cases are disjoint; the most frequent come first (each case is a type test).
     match event:
@@ -273,26 +274,8 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
                     f"history events need a locked execution, state is {state_name(s.state)}"
                 )
             _apply_history(n, h, now)
-        case ev.Locked(executor_id=exr, run_id=run, lock_expires_at=expires):
-            _require(expires > now, "lock_expires_at must be in the future")
-            lock = LockRef(exr, run)
-            same_run = s.last_lock == lock
-            # A cancelling execution is not advanced again (SPEC §8): no new lock, and no
-            # extension either, not even by the warm run a response just unblocked.
-            _require(not s.cancelling, "a cancelling execution cannot be locked")
-            _require(not s.paused, "a paused execution cannot be locked")
-            if isinstance(u, Locked) and same_run:
-                pass  # extension of a running lock
-            elif isinstance(u, PendingAt) and same_run and u.last_lock == lock:
-                pass  # the warm run continues after a response
-            else:
-                if not isinstance(u, PendingAt):
-                    raise IllegalAppend(f"cannot lock from state {state_name(s.state)}")
-                _require(u.scheduled_at <= now, "the execution is not due yet")
-                n.progressed_since_lock = False
-            n.underlying = Locked(exr, run, expires)
-            n.last_lock = lock
-            n.retry_config = event.retry_config
+        case ev.Locked():
+            _apply_locked(s, n, event, now)
         case ev.Unlocked(backoff_expires_at=at) if _waiting_run(u) is not None:
             # A run waiting in memory for a response (`await`) let go of the execution,
             # or its process died (`released_waiting_run`): a response makes the
@@ -349,6 +332,38 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
         case _:
             raise IllegalAppend(f"unknown event {event!r}")
     return n
+
+
+def _apply_locked(
+    s: ExecutionSummary, n: ExecutionSummary, event: ev.Locked, now: datetime
+) -> None:
+    # Every execution is locked at least once (twice per step of (b)): the rules are
+    # written out here rather than through `_require` (a call each).
+    u = s.underlying
+    expires = event.lock_expires_at
+    if expires <= now:
+        raise IllegalAppend("lock_expires_at must be in the future")
+    lock = LockRef(event.executor_id, event.run_id)
+    same_run = s.last_lock == lock
+    # A cancelling execution is not advanced again (SPEC §8): no new lock, and no
+    # extension either, not even by the warm run a response just unblocked.
+    if s.cancelling:
+        raise IllegalAppend("a cancelling execution cannot be locked")
+    if s.paused:
+        raise IllegalAppend("a paused execution cannot be locked")
+    if isinstance(u, Locked) and same_run:
+        pass  # extension of a running lock
+    elif isinstance(u, PendingAt) and same_run and u.last_lock == lock:
+        pass  # the warm run continues after a response
+    else:
+        if not isinstance(u, PendingAt):
+            raise IllegalAppend(f"cannot lock from state {state_name(s.state)}")
+        if u.scheduled_at > now:
+            raise IllegalAppend("the execution is not due yet")
+        n.progressed_since_lock = False
+    n.underlying = Locked(event.executor_id, event.run_id, expires)
+    n.last_lock = lock
+    n.retry_config = event.retry_config
 
 
 def _apply_history(n: ExecutionSummary, h: ev.HistoryEventKind, now: datetime) -> None:
@@ -413,9 +428,10 @@ def _apply_join_next_try(n: ExecutionSummary, js: str, outcome: str) -> None:
 
 def apply_response(s: ExecutionSummary, response: ev.Response, now: datetime) -> ExecutionSummary:
     """Record a response; it unblocks the execution if it is blocked on that join set."""
-    n = _copy(s)
+    # `_copy(s)` and `s.is_finished`, inline (this runs for every response).
+    n = msgspec.structs.replace(s, join_sets=dict(s.join_sets))
     n.responses += 1
-    if s.is_finished:
+    if isinstance(s.underlying, Finished):
         return n  # late responses of a finished parent are kept, but change nothing
     js = response.join_set_id
     c = _counters(n, js)

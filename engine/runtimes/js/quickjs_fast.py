@@ -248,7 +248,8 @@ def _fast_memory(inst: Any) -> None:
     data, size = bindings
     context = ctypes.cast(inst.store._context(), ctypes.c_void_p).value
     memory = ctypes.addressof(inst.mem._memory)
-    string_at = ctypes.string_at
+    # `ctypes.string_at` is a Python function around this C one (a call per read).
+    string_at = getattr(ctypes, "_string_at", ctypes.string_at)
     memmove = memmove_keeping_gil
     c = inst.c
 
@@ -475,8 +476,18 @@ def install_lean_host_imports() -> bool:
         hasattr(wasmtime_ffi, name) for name in needed
     ):
         return False  # not the wasmtime-py this was written for
+    cur = qjs_engine._CUR
+
+    def host_call(name_ptr: int, name_len: int, this: int, argc: int, argv_ptr: int) -> Any:
+        # quickjs-rs's `_tramp_host_call`, without its `typing.cast` call (one per step).
+        return cur.inst._host_call(name_ptr, name_len, this, argc, argv_ptr)
+
     trampolines = [
-        (name, arity, lean_trampoline(getattr(qjs_engine, shim), arity))
+        (
+            name,
+            arity,
+            lean_trampoline(host_call if name == "host_call" else getattr(qjs_engine, shim), arity),
+        )
         for name, arity, shim in _HOST_IMPORTS
     ]
 

@@ -106,10 +106,16 @@ def _load_summary_for_write(
 
 
 def _write_summary(
-    conn: sqlite3.Connection, execution_id: str, s: ExecutionSummary, now: datetime
+    conn: sqlite3.Connection,
+    execution_id: str,
+    s: ExecutionSummary,
+    now: datetime,
+    t: int | None = None,
 ) -> None:
+    """`t`: `now` in µs, when the caller has it."""
     state, pending_at, lock_expires_at = _projection(s)
-    t = _us(now)
+    if t is None:
+        t = _us(now)
     conn.execute(
         UPDATE_SUMMARY,
         (state, pending_at, lock_expires_at, s.next_version, t, ev.encode(s), execution_id),
@@ -446,9 +452,9 @@ def _append(
             + ",".join(["(?,?,?,?,?)"] * (len(chunk) // 5)),
             chunk,
         )
-    _write_summary(conn, execution_id, s, now)
-    if isinstance(s.state, PendingAt):
-        notes.became_pending(s.ffqn, s.state.scheduled_at, now)
+    _write_summary(conn, execution_id, s, now, t)
+    if isinstance(state := s.state, PendingAt):
+        notes.became_pending(s.ffqn, state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
     if extras and extras.logs:
@@ -567,8 +573,8 @@ def _add_response(
     if summary is not None:
         return s
     _write_summary(conn, execution_id, s, now)
-    if isinstance(s.state, PendingAt):
-        notes.became_pending(s.ffqn, s.state.scheduled_at, now)
+    if isinstance(state := s.state, PendingAt):
+        notes.became_pending(s.ffqn, state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
     return s
