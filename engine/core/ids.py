@@ -69,7 +69,7 @@ class JoinSetId:
         JoinSetId.validate_name(self.name)
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.name}"
+        return join_set_text(self.kind, self.name)
 
     @staticmethod
     def parse(text: str) -> JoinSetId:
@@ -195,7 +195,38 @@ def _shortened(text: str, limit: int = 80) -> str:
 
 
 def _format_path(path: tuple[tuple[JoinSetId, int], ...]) -> str:
-    return "".join(f".{js}_{n}" for js, n in path)
+    return "".join(_segment(str(js), n) for js, n in path)
+
+
+def _segment(join_set_id: str, n: int) -> str:
+    return f".{join_set_id}_{n}"
+
+
+# The same ids as text, for the paths every workflow step takes (a step made ~20 Python
+# calls parsing, building and formatting `ExecutionId`s and `JoinSetId`s). Each is the
+# text of its structured counterpart (tests compare them).
+
+
+def join_set_text(kind: JoinSetKind, name: str) -> str:
+    """`str(JoinSetId(kind, name))`, with `name` checked the same way (`IdError`)."""
+    if not isinstance(name, str) or not _NAME_PATTERN.fullmatch(name):
+        JoinSetId.validate_name(name)  # raises
+    return f"{kind}:{name}"
+
+
+def child_id_text(parent_id: str, join_set_id: str, n: int) -> str:
+    """`str(ExecutionId.parse(parent_id).child(JoinSetId.parse(join_set_id), n))` for
+    ids that are valid (made by this module), `n` ≥ 1."""
+    return parent_id + _segment(join_set_id, n)
+
+
+def parent_id_text(execution_id: str) -> tuple[str, str] | None:
+    """`ExecutionId.parse(execution_id).parent()` as text for a valid id (one read
+    from storage): the parent's id and the join set id, None for a top-level id."""
+    parent, dot, segment = execution_id.rpartition(".")
+    if not dot:
+        return None
+    return parent, segment.rpartition("_")[0]
 
 
 def _prefixed_parse(prefix: str, text: str) -> str:

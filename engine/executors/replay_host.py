@@ -25,7 +25,7 @@ from ulid import ULID
 
 from engine.components import Registry
 from engine.core import events as ev
-from engine.core.ids import JoinSetId
+from engine.core.ids import JoinSetId, child_id_text, join_set_text
 from engine.core.legality import is_cancellable
 from engine.core.records import Frame
 from engine.core.state import BlockedByJoinSet
@@ -150,10 +150,10 @@ class ReplayHost(ReplayLog):
             k = self._join_set_counts[kind]
             if self._numbered_across_kinds or self._logged_across_kinds(kind, name):
                 k = self._join_sets_created
-            js = str(JoinSetId("o", f"{k}-{name}") if kind == "o" else JoinSetId("g", str(k)))
+            js = join_set_text("o", f"{k}-{name}") if kind == "o" else join_set_text("g", str(k))
         else:
             assert name is not None
-            js = str(JoinSetId("n", JoinSetId.validate_name(name)))
+            js = join_set_text("n", name)
         if js in self.join_sets:
             raise WorkflowCallError(f"join set {js} already exists")
         want = ev.JoinSetCreate(js)
@@ -200,7 +200,8 @@ class ReplayHost(ReplayLog):
             checked = self.registry.validate_params(ffqn, params)
         except (UnknownFunction, InvalidParams) as e:
             raise WorkflowCallError(str(e)) from None
-        child = str(self._eid.child(JoinSetId.parse(join_set_id), len(js.members) + 1))
+        # The join set is open: made by `_new_join_set`, a valid id.
+        child = child_id_text(self.execution_id, join_set_id, len(js.members) + 1)
         want = ev.JoinSetRequest(join_set_id, ev.ChildExecutionRequest(child, ffqn, checked))
         if self._match(want) is None:
             now = self.clock.now()

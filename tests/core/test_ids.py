@@ -14,12 +14,15 @@ from engine.core.ids import (
     ExecutionId,
     IdError,
     JoinSetId,
+    child_id_text,
+    join_set_text,
     new_deployment_id,
     new_executor_id,
     new_run_id,
     parse_execution_id,
     parse_executor_id,
     parse_run_id,
+    parent_id_text,
 )
 
 U = "01JKX3M7V9Q2R8T5W0Y4Z6A1BC"
@@ -300,6 +303,33 @@ def test_execution_id_round_trip_property(ulid: str, path: list[tuple[JoinSetId,
     assert ExecutionId.parse(text) == eid
     assert str(ExecutionId.parse(text)) == text
     assert eid.top_level() == ExecutionId.from_ulid(ulid)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ulids, paths, join_sets, st.integers(min_value=1, max_value=10**6))
+def test_ids_as_text_are_the_texts_of_the_structured_ids(
+    ulid: str, path: list[tuple[JoinSetId, int]], js: JoinSetId, n: int
+) -> None:
+    """The hot paths' text-level ids (`join_set_text`, `child_id_text`,
+    `parent_id_text`) agree with `JoinSetId`/`ExecutionId` on every valid id."""
+    parent = ExecutionId(ulid, tuple(path))
+    assert join_set_text(js.kind, js.name) == str(js)
+    child = child_id_text(str(parent), str(js), n)
+    assert child == str(parent.child(js, n))
+    assert parent_id_text(child) == (str(parent), str(js))
+    top = parent.top_level()
+    assert parent_id_text(str(top)) is None
+    assert parent_id_text(str(parent)) == (
+        None if not path else (str(ExecutionId(ulid, tuple(path[:-1]))), str(path[-1][0]))
+    )
+
+
+@pytest.mark.parametrize("name", ["", "a_b", "a.b", "a:b", "é", "a b"])
+def test_join_set_text_checks_the_name_as_join_set_id_does(name: str) -> None:
+    with pytest.raises(IdError, match="invalid join set name"):
+        join_set_text("n", name)
+    with pytest.raises(IdError, match="invalid join set name"):
+        JoinSetId("n", name)
 
 
 @settings(max_examples=200, deadline=None)

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from engine.core import events as ev
-from engine.core.ids import DelayId, ExecutionId, IdError
+from engine.core.ids import DelayId, IdError, parent_id_text
 from engine.core.records import LogLine
 from engine.core.state import (
     ExecutionSummary,
@@ -381,16 +381,15 @@ async def _append(
     if finished is not None:
         if s.is_workflow:  # only workflows have delays
             await c.write("DELETE FROM delays WHERE execution_id = $1", execution_id)
-        parent = ExecutionId.parse(execution_id).parent()
+        # (The id was read from storage: valid, so its text is enough.)
+        parent = parent_id_text(execution_id)
         if parent is not None:
             parent_id, join_set = parent
             await _add_response(
                 c,
                 notes,
-                str(parent_id),
-                ev.ChildExecutionFinished(
-                    execution_id, str(join_set), s.next_version - 1, finished
-                ),
+                parent_id,
+                ev.ChildExecutionFinished(execution_id, join_set, s.next_version - 1, finished),
                 now,
             )
     if isinstance(s.state, PendingAt):

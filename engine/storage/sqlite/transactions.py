@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from engine.core import events as ev
-from engine.core.ids import DelayId, ExecutionId
+from engine.core.ids import DelayId, parent_id_text
 from engine.core.records import LogLine
 from engine.core.state import (
     ExecutionSummary,
@@ -429,15 +429,16 @@ def _append(
                 notes.finished.append((execution_id, result))
                 if s.is_workflow:  # only workflows have delays
                     conn.execute("DELETE FROM delays WHERE execution_id = ?", (execution_id,))
-                parent = ExecutionId.parse(execution_id).parent()
+                # (The id was read from storage: valid, so its text is enough.)
+                parent = parent_id_text(execution_id)
                 if parent is not None:
                     parent_id, join_set = parent
                     _add_response(
                         conn,
                         notes,
-                        str(parent_id),
+                        parent_id,
                         ev.ChildExecutionFinished(
-                            execution_id, str(join_set), s.next_version - 1, result
+                            execution_id, join_set, s.next_version - 1, result
                         ),
                         now,
                     )
