@@ -277,10 +277,10 @@ class ReplayLog:
     ) -> ev.HistoryEventKind | None:
         """Match the next recorded event against the call's deterministic key (by default
         equality with `want`); None when the call is new (past the end of the history)."""
-        recorded = self._next_recorded()
-        if recorded is None:
+        if self.cursor >= len(self.history):  # (`_next_recorded`, inline: every call)
             return None
-        version, got = recorded
+        version, got = self.history[self.cursor]
+        self.cursor += 1
         if not (matches(got) if matches is not None else got == want):
             raise self._nondeterminism(
                 f"at version {version} the log has {describe_event(got)}, but the code now asks for "
@@ -447,7 +447,9 @@ class ReplayLog:
     def _accept(self, items: list[ev.StoredResponse]) -> bool:
         """Add posted responses in cursor order; False on a gap (one we were not
         given, e.g. written by another process: the database has it)."""
-        for r in sorted(items, key=lambda r: r.cursor):
+        if not items:
+            return True
+        for r in sorted(items, key=lambda r: r.cursor) if len(items) > 1 else items:
             if r.cursor <= self.max_cursor:
                 continue  # read from the database already
             if r.cursor != self.max_cursor + 1:

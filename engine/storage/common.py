@@ -27,6 +27,7 @@ from engine.core.state import (
     ExecutionSummary,
     Locked,
     PendingAt,
+    PendingState,
 )
 from engine.core.state_names import RESULT_CLASSES
 from engine.storage.contract import (
@@ -87,21 +88,21 @@ def not_before(now: datetime, updated_at: int) -> datetime:
     return now if updated_at <= us(now) else dt(updated_at + 1)
 
 
-@dataclass(slots=True)
-class Notes:
-    """What to announce once the transaction has committed."""
+class Notes(msgspec.Struct):
+    """What to announce once the transaction has committed. (A msgspec struct: made in C,
+    for every logical transaction.)"""
 
-    pending: set[str] = field(default_factory=set)
-    finished: list[tuple[str, ev.ExecutionResult]] = field(default_factory=list)
-    responses: set[str] = field(default_factory=set)
+    pending: set[str] = msgspec.field(default_factory=set)
+    finished: list[tuple[str, ev.ExecutionResult]] = msgspec.field(default_factory=list)
+    responses: set[str] = msgspec.field(default_factory=set)
     #: The responses written, as a read would return them (for `Notifier.post_responses`:
     #: a waiting workflow run gets them without reading them back).
-    response_items: list[tuple[str, ev.StoredResponse]] = field(default_factory=list)
+    response_items: list[tuple[str, ev.StoredResponse]] = msgspec.field(default_factory=list)
     #: Creations with a direct lock: what the executor gets (None: not locked).
-    direct: list[tuple[DirectLock, LockedExecution | None]] = field(default_factory=list)
+    direct: list[tuple[DirectLock, LockedExecution | None]] = msgspec.field(default_factory=list)
     #: FFQNs with executions that became pending but are due only later: seconds from
     #: the transaction's `now` to the earliest (executors are woken then, not now).
-    pending_later: dict[str, float] = field(default_factory=dict)
+    pending_later: dict[str, float] = msgspec.field(default_factory=dict)
 
     def became_pending(self, ffqn: str, scheduled_at: datetime, now: datetime) -> None:
         """An execution of `ffqn` is PendingAt(`scheduled_at`) after this transaction.
@@ -116,9 +117,9 @@ class Notes:
         if known is None or delay < known:
             self.pending_later[ffqn] = delay
 
-    cancelled: set[str] = field(default_factory=set)
+    cancelled: set[str] = msgspec.field(default_factory=set)
     #: Cancelling executions that changed (for the cancellation driver).
-    cancelling: set[str] = field(default_factory=set)
+    cancelling: set[str] = msgspec.field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -265,11 +266,15 @@ def grouped_responses(notes: Notes) -> dict[str, list[ev.StoredResponse]]:
     return out
 
 
-def projection(s: ExecutionSummary) -> tuple[str, int | None, int | None]:
+def projection(
+    s: ExecutionSummary, state: PendingState | None = None
+) -> tuple[str, int | None, int | None]:
     """(state name, pending_at µs, lock_expires_at µs) of the projection row: pending_at
     only while the state is exactly PendingAt, lock_expires_at while the underlying state
-    is Locked (the indexed columns of due work and expired locks)."""
-    state = s.state
+    is Locked (the indexed columns of due work and expired locks). `state`: `s.state`,
+    when the caller has it."""
+    if state is None:
+        state = s.state
     u = s.underlying
     pending_at = us(state.scheduled_at) if isinstance(state, PendingAt) else None
     lock_expires_at = us(u.lock_expires_at) if isinstance(u, Locked) else None
@@ -390,10 +395,10 @@ def event_type(blob: bytes) -> str:
 # -- backtraces (SPEC §7.4) ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedBacktrace:
+class PreparedBacktrace(msgspec.Struct, frozen=True):
     """A backtrace ready for the writer: `at` is an index into the appended events (append)
-    or a version (replace_backtraces)."""
+    or a version (replace_backtraces). (A msgspec struct: made in C, for every event
+    with a stack.)"""
 
     at: int
     key: bytes

@@ -18,6 +18,7 @@ from engine.core.state import (
     ExecutionSummary,
     IllegalAppend,
     PendingAt,
+    PendingState,
     apply_event,
     apply_response,
     created_summary,
@@ -111,14 +112,15 @@ def _write_summary(
     s: ExecutionSummary,
     now: datetime,
     t: int | None = None,
+    state: PendingState | None = None,
 ) -> None:
-    """`t`: `now` in µs, when the caller has it."""
-    state, pending_at, lock_expires_at = _projection(s)
+    """`t`: `now` in µs, `state`: `s.state`, when the caller has them."""
+    name, pending_at, lock_expires_at = _projection(s, state)
     if t is None:
         t = _us(now)
     conn.execute(
         UPDATE_SUMMARY,
-        (state, pending_at, lock_expires_at, s.next_version, t, ev.encode(s), execution_id),
+        (name, pending_at, lock_expires_at, s.next_version, t, ev.encode(s), execution_id),
     )
     cache = getattr(conn, "summaries", None)  # `_summaries`, inline: every write
     if cache is not None:
@@ -453,8 +455,9 @@ def _append(
             + ",".join(["(?,?,?,?,?)"] * (len(chunk) // 5)),
             chunk,
         )
-    _write_summary(conn, execution_id, s, now, t)
-    if isinstance(state := s.state, PendingAt):
+    state = s.state
+    _write_summary(conn, execution_id, s, now, t, state)
+    if isinstance(state, PendingAt):
         notes.became_pending(s.ffqn, state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
@@ -573,8 +576,9 @@ def _add_response(
     notes.response_items.append((execution_id, ev.StoredResponse(s.responses, _dt(t), response)))
     if summary is not None:
         return s
-    _write_summary(conn, execution_id, s, now)
-    if isinstance(state := s.state, PendingAt):
+    state = s.state
+    _write_summary(conn, execution_id, s, now, state=state)
+    if isinstance(state, PendingAt):
         notes.became_pending(s.ffqn, state.scheduled_at, now)
     if s.cancelling:
         notes.cancelling.add(execution_id)
