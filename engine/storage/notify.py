@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -95,13 +96,29 @@ class ResponseInbox:
     of `Commits`), and so may the outcome of the run's own write (`note_uncommitted`):
     the run may compute with them. Its next writes carry `uncommitted`, and the storage
     refuses them if one of those transactions failed; before anything else that depends
-    on them (a read of the database, the end of the run) it asks `wait_committed`."""
+    on them (a read of the database, the end of the run) it asks `wait_committed`.
 
-    __slots__ = ("_commits", "_cond", "_items", "_lock", "_low", "_poked", "_seq", "_woken")
+    The waiting run sleeps on a C queue holding at most one token (`_signal`), not on a
+    `threading.Condition` (Python code: ~4 calls per notify and per wait, on the writer's
+    thread and the run's, for every response)."""
+
+    __slots__ = (
+        "_commits",
+        "_items",
+        "_lock",
+        "_low",
+        "_poked",
+        "_seq",
+        "_signal",
+        "_signalled",
+        "_woken",
+    )
 
     def __init__(self, commits: Commits | None = None) -> None:
-        self._lock = threading.Lock()  # `with` it rather than `_cond`: see `Commits`
-        self._cond = threading.Condition(self._lock)
+        self._lock = threading.Lock()
+        #: The wake-up token, there while `_signalled` (both changed under `_lock`).
+        self._signal: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._signalled = False
         self._items: list[tuple[ev.StoredResponse, int]] = []
         self._poked = False
         self._woken = False
@@ -115,7 +132,9 @@ class ResponseInbox:
         """`seq` 0: committed; else the number of the `Commits` transaction they are in."""
         with self._lock:
             self._items.extend(zip(items, repeat(seq)))  # (no generator: a call less)
-            self._cond.notify_all()
+            if not self._signalled:  # (`_notify`, inline: every response)
+                self._signalled = True
+                self._signal.put(None)
 
     @property
     def uncommitted(self) -> tuple[int, int]:
@@ -144,19 +163,36 @@ class ResponseInbox:
     def poke(self) -> None:
         with self._lock:
             self._poked = True
-            self._cond.notify_all()
+            self._notify()
 
     def wake(self) -> None:
         with self._lock:
             self._woken = True
-            self._cond.notify_all()
+            self._notify()
+
+    def _notify(self) -> None:
+        """(Under `_lock`.) Wake the `take` waiting, or make the next one return at once."""
+        if not self._signalled:
+            self._signalled = True
+            self._signal.put(None)
 
     def take(self, timeout: float) -> tuple[list[ev.StoredResponse], bool]:
         """What was posted, and whether it was poked, since the last `take`; waits up to
         `timeout` seconds for either (or a `wake`) when there is none."""
+        woken = False
+        if timeout > 0 and not (self._items or self._poked or self._woken):
+            # (Read without the lock: something posted meanwhile leaves the token.)
+            try:
+                self._signal.get(True, timeout)
+                woken = True
+            except queue.Empty:
+                pass
         with self._lock:
-            if timeout > 0 and not (self._items or self._poked or self._woken):
-                self._cond.wait(timeout)
+            if woken:
+                self._signalled = False  # the token was taken above
+            elif self._signalled:
+                self._signal.get_nowait()  # what was posted is taken now: no token left
+                self._signalled = False
             items, self._items = self._items, []
             poked, self._poked = self._poked, False
             self._woken = False

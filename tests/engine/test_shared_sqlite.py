@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from engine.core import events as ev
 from engine.core.state import BlockedByJoinSet
 from engine.engine import Engine
 from engine.executors import replay_log as host_module
+from engine.storage.notify import ResponseInbox
 from engine.storage.sqlite import SqliteStorage
 from engine.storage.sqlite import peers as sqlite_peers
 from tests.engine.test_workflow_semantics import (
@@ -130,10 +132,19 @@ async def test_a_response_from_another_process_right_after_the_runs_write_is_not
 
             asyncio.run_coroutine_threadsafe(finish_elsewhere(), loop).result(30)
             inbox = kwargs["inbox"] if "inbox" in kwargs else args[-1]
-            with inbox._cond:  # the bus's poke is in before the run goes on
-                assert inbox._cond.wait_for(lambda: inbox._poked, 30)
+            with poked:  # the bus's poke is in before the run goes on
+                assert poked.wait_for(lambda: inbox._poked, 30)
         return summary
 
+    poked = threading.Condition()
+    real_poke = ResponseInbox.poke
+
+    def poke(inbox: ResponseInbox) -> None:
+        real_poke(inbox)
+        with poked:
+            poked.notify_all()
+
+    monkeypatch.setattr(ResponseInbox, "poke", poke)
     monkeypatch.setattr(storage, "append_from_thread", append_then_answered_elsewhere)
     try:
         eid = await engine.submit("myapp:demo/workflow.ask", [])

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from engine.runtimes.js import sandbox_pool
 from engine.runtimes.js import workflow as js_runtime
 from engine.runtimes.js.heap import memory_of
 from engine.runtimes.js.workflow import (
@@ -40,6 +41,14 @@ export default function serial(n) {
 @pytest.fixture(scope="module", autouse=True)
 def _warm() -> None:
     warm_up()
+
+
+@pytest.fixture(autouse=True)
+def _no_sandboxes_kept_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with the process-wide count of idle sandboxes at 0: runners of
+    earlier tests in this worker keep theirs until the collector drops them, and at
+    `KEEP_IN_PROCESS` a sandbox given back is closed, not kept (seen under load)."""
+    monkeypatch.setattr(sandbox_pool, "_kept", 0)
 
 
 def _run(
@@ -158,8 +167,6 @@ def test_a_handle_left_by_an_earlier_run_does_not_reach_the_next_one() -> None:
 def test_the_process_keeps_a_bounded_number_of_idle_sandboxes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from engine.runtimes.js import sandbox_pool
-
     monkeypatch.setattr(sandbox_pool, "KEEP_IN_PROCESS", 1)
     monkeypatch.setattr(sandbox_pool, "_kept", 0)
     first, second = _runner(), _runner()
