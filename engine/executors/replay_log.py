@@ -317,7 +317,8 @@ class ReplayLog:
         expiring = self.lock_expires_at - now < LOCK_EXTENSION_LEEWAY
         if not events and not expiring and not lead:
             return None
-        self._check()
+        if self.aborted is not None:  # `_check`, inline: every write
+            raise RunAborted(self.aborted.kind)
         lock_expires_at = self.lock_expires_at
         if lead is None:
             lead = self._take_lead(now)
@@ -439,6 +440,10 @@ class ReplayLog:
     def _pull_inbox(self) -> bool:
         """Take what the inbox holds now; True when it brought a new response."""
         items, poked = (self._inbox or self._open_inbox()).take(0)
+        if not items:  # (most pulls: no `_accept` call)
+            if poked:
+                self._stale = True
+            return False
         before = self.max_cursor
         if not self._accept(items) or poked:
             self._stale = True

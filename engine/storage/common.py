@@ -85,7 +85,19 @@ def not_before(now: datetime, updated_at: int) -> datetime:
     read back by interleaving events and responses by time: a transaction of an
     execution never gets a timestamp before the previous one, so that this order is the
     commit order."""
-    return now if updated_at <= us(now) else dt(updated_at + 1)
+    return not_before_us(now, updated_at)[0]
+
+
+def not_before_us(
+    now: datetime, updated_at: int, now_us: int | None = None
+) -> tuple[datetime, int]:
+    """`not_before`, and the same time in µs (`now_us`: `us(now)`, when the caller has
+    it): the writer's hot paths need both, and `us` is a Python call."""
+    if now_us is None:
+        now_us = us(now)
+    if updated_at <= now_us:
+        return now, now_us
+    return dt(updated_at + 1), updated_at + 1
 
 
 class Notes(msgspec.Struct):

@@ -368,7 +368,9 @@ class SqliteStorage:
     ) -> ExecutionSummary:
         fn = _append_fn(execution_id, expected_version, events, now, extras)
         writer = self._writer
-        if self._closed or writer is None or not writer.running:
+        # (`writer.running` is left to `put`: it refuses once the writer stops taking
+        # work, and a writer thread that ends fails whatever is still queued.)
+        if self._closed or writer is None:
             raise StorageError("storage closed")
         reply = _ThreadReply(early=inbox is not None)
         depends_on = inbox.uncommitted if inbox is not None else (0, 0)
@@ -391,7 +393,7 @@ class SqliteStorage:
         fn = _append_fn(execution_id, expected_version, events, now, extras)
         tx = _Tx(fn, None, len(events), _CallbackReply(callback), execution_id, optimistic=True)
         writer = self._writer
-        if self._closed or writer is None or not writer.running or not writer.put(tx):
+        if self._closed or writer is None or not writer.put(tx):  # (`put`: see above)
             callback(False, StorageError("storage closed"))
 
     async def append_response(

@@ -29,7 +29,7 @@ from engine.storage.common import (
     cancel_events,
     direct_locked,
     dt,
-    not_before,
+    not_before_us,
     pause_events,
     prepare_backtraces,
     projection,
@@ -58,7 +58,7 @@ _PreparedBacktrace = PreparedBacktrace
 _prepare_backtraces = prepare_backtraces
 _us = us
 _dt = dt
-_not_before = not_before
+_not_before_us = not_before_us
 _projection = projection
 _Notes = Notes
 
@@ -82,9 +82,9 @@ def _load_summary(conn: sqlite3.Connection, execution_id: str) -> ExecutionSumma
 
 def _load_summary_for_write(
     conn: sqlite3.Connection, execution_id: str, now: datetime
-) -> tuple[ExecutionSummary, datetime]:
-    """The summary, and `now` or just after the execution's last write if that is later,
-    with one read of the row.
+) -> tuple[ExecutionSummary, datetime, int]:
+    """The summary, and `now` or just after the execution's last write if that is later
+    (as a datetime and in µs), with one read of the row.
 
     Callers take `now` before their transaction is queued (a workflow run on its worker
     thread, the watcher before a read), so transactions can commit out of timestamp
@@ -94,7 +94,7 @@ def _load_summary_for_write(
     """
     cache = getattr(conn, "summaries", None)  # `_summaries`, inline: every write
     if cache is not None and (found := cache.get(execution_id)) is not None:
-        return found[0], _not_before(now, found[1])
+        return found[0], *_not_before_us(now, found[1])
     row = conn.execute(
         "SELECT summary, updated_at FROM executions WHERE execution_id = ?", (execution_id,)
     ).fetchone()
@@ -103,7 +103,7 @@ def _load_summary_for_write(
     s: ExecutionSummary = _summary_decoder.decode(row[0])
     if cache is not None:
         cache.put(execution_id, s, row[1])
-    return s, _not_before(now, row[1])
+    return s, *_not_before_us(now, row[1])
 
 
 def _write_summary(
@@ -137,6 +137,7 @@ def _create(
     """Create `req`'s execution. With `event_rows` (a parent's `_append`), its events
     go there, to be inserted with the parent's in one statement."""
     created = req.created
+    t = _us(now)
     s = created_summary(created, now)
     lock = req.lock
     if lock is not None:
@@ -162,8 +163,8 @@ def _create(
                 pending_at,
                 lock_expires_at,
                 s.next_version,
-                _us(now),
-                _us(now),
+                t,
+                t,
                 ev.encode(s),
             ),
         )
@@ -182,7 +183,6 @@ def _create(
         raise Conflict(
             f"execution {req.execution_id} already exists with other parameters"
         ) from None
-    t = _us(now)
     cache = _summaries(conn)
     if cache is not None:
         cache.put(req.execution_id, s, t)
@@ -244,27 +244,20 @@ def _due_rows(
 
 def _write_locks(
     conn: sqlite3.Connection,
-    locks: list[tuple[str, datetime, ExecutionSummary]],
+    locks: list[tuple[str, int, ExecutionSummary]],
     event_blob: bytes,
 ) -> None:
-    """The `locked` events and new summaries of a lock batch, in two statements per 500
-    executions (not two each: every statement is a GIL hand-off on the writer thread)."""
+    """The `locked` events (at µs `t` of each `(id, t, summary)`) and new summaries of a
+    lock batch, in two statements per 500 executions (not two each: every statement is
+    a GIL hand-off on the writer thread)."""
+    cache = _summaries(conn)
     for i in range(0, len(locks), 500):
         chunk = locks[i : i + 500]
-        conn.execute(
-            "INSERT INTO events (execution_id, version, created_at, event) VALUES "
-            + ",".join(["(?,?,?,?)"] * len(chunk)),
-            [
-                v
-                for execution_id, at, s in chunk
-                for v in (execution_id, s.next_version - 1, _us(at), event_blob)
-            ],
-        )
+        events: list[Any] = []
         values: list[Any] = []
-        cache = _summaries(conn)
-        for execution_id, at, s in chunk:
+        for execution_id, t, s in chunk:
+            events += (execution_id, s.next_version - 1, t, event_blob)
             state, pending_at, lock_expires_at = _projection(s)
-            t = _us(at)
             values += (
                 execution_id,
                 state,
@@ -276,6 +269,11 @@ def _write_locks(
             )
             if cache is not None:
                 cache.put(execution_id, s, t)
+        conn.execute(
+            "INSERT INTO events (execution_id, version, created_at, event) VALUES "
+            + ",".join(["(?,?,?,?)"] * len(chunk)),
+            events,
+        )
         conn.execute(update_summaries_sql(len(chunk)), values)
 
 
@@ -289,7 +287,8 @@ def _lock_pending(
     with_log: bool,
     pinned_digest: str | None = None,
 ) -> list[LockedExecution]:
-    rows = _due_rows(conn, ffqns, batch_size, _us(now), pinned_digest)
+    now_us = _us(now)
+    rows = _due_rows(conn, ffqns, batch_size, now_us, pinned_digest)
     cache = _summaries(conn)
     # An optimistic batch reads the database as it was before the batch: a row an earlier
     # transaction of the batch wrote is not as read here. (Every row is noted as touched
@@ -310,16 +309,16 @@ def _lock_pending(
                 ids,
             ).fetchall()
         )
-    locks: list[tuple[str, datetime, ExecutionSummary]] = []
+    locks: list[tuple[str, int, ExecutionSummary]] = []  # (id, µs of the lock, summary)
     for execution_id, _, summary_blob, updated_at in rows:
-        at = _not_before(now, updated_at)
+        at, t = _not_before_us(now, updated_at, now_us)
         s = apply_event(_summary_decoder.decode(summary_blob), locked, at)
-        locks.append((execution_id, at, s))
+        locks.append((execution_id, t, s))
     # The logs are read before the locks are written (an optimistic batch does not see
     # its own writes): each gets its `locked` event added here.
     logs: dict[str, tuple[list[ev.StoredEvent], list[ev.StoredResponse]]] = {}
     if with_log:
-        for execution_id, at, s in locks:
+        for execution_id, t_locked, s in locks:
             logs[execution_id] = (
                 [
                     ev.StoredEvent(v, _dt(t), ev.decode_event(b), bt)
@@ -329,7 +328,7 @@ def _lock_pending(
                         (execution_id,),
                     )
                 ]
-                + [ev.StoredEvent(s.next_version - 1, _dt(_us(at)), locked, None)],
+                + [ev.StoredEvent(s.next_version - 1, _dt(t_locked), locked, None)],
                 [
                     ev.StoredResponse(c, _dt(t), ev.decode_response(b))
                     for c, t, b in conn.execute(
@@ -393,7 +392,7 @@ def _append(
     extras: AppendExtras | None,
     backtraces: Sequence[_PreparedBacktrace] = (),
 ) -> ExecutionSummary:
-    s, now = _load_summary_for_write(conn, execution_id, now)
+    s, now, t = _load_summary_for_write(conn, execution_id, now)
     if s.next_version != expected_version:
         raise VersionConflict(
             f"execution {execution_id}: expected version {expected_version}, "
@@ -401,7 +400,6 @@ def _append(
         )
     creates = {c.execution_id: c for c in (extras.creates if extras else [])}
     backtrace_of = _backtrace_ids(conn, backtraces)
-    t = _us(now)
     # Nothing below reads this execution's events: they are inserted at the end, in one
     # statement (each statement is a GIL hand-off on this thread).
     rows: list[Any] = []
@@ -549,9 +547,9 @@ def _add_response(
     its new summary. With `summary` (the execution's own append, which writes it at the
     end) the response is applied to that instead and the summary is not written."""
     if summary is None:
-        s, now = _load_summary_for_write(conn, execution_id, now)
+        s, now, t = _load_summary_for_write(conn, execution_id, now)
     else:
-        s = summary
+        s, t = summary, _us(now)
     source = (
         response.child_execution_id
         if isinstance(response, ev.ChildExecutionFinished)
@@ -561,7 +559,6 @@ def _add_response(
         s = apply_response(s, response, now)
     except IllegalAppend as e:
         raise Conflict(f"execution {execution_id}: {e}") from None
-    t = _us(now)
     try:
         conn.execute(
             "INSERT INTO responses (execution_id, cursor, created_at, source_id, response) "
@@ -577,7 +574,7 @@ def _add_response(
     if summary is not None:
         return s
     state = s.state
-    _write_summary(conn, execution_id, s, now, state=state)
+    _write_summary(conn, execution_id, s, now, t, state)
     if isinstance(state, PendingAt):
         notes.became_pending(s.ffqn, state.scheduled_at, now)
     if s.cancelling:
