@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,6 +24,7 @@ from engine.core.state import (
 )
 from engine.executors.base import (
     BaseExecutor,
+    RunEnded,
     err_payload_type,
     ignore_outcome,
     ok_payload_type,
@@ -189,7 +189,7 @@ class ActivityExecutor(BaseExecutor):
         """Run `locked` on a worker thread (any thread may call this): the outcome goes
         to the storage from there, and the storage's callback ends the run, so that a
         run costs the loop nothing (no task, no future to resolve, no wake-up)."""
-        done: Future[None] = Future()
+        done = RunEnded()
         cancel = _RunCancel(locked, lambda: self._finish_if_still_running(locked, done))
         self._inflight[locked.execution_id] = (done, cancel)
         self.storage.subscribe_cancellations().add(locked.execution_id, cancel.requested)
@@ -200,7 +200,7 @@ class ActivityExecutor(BaseExecutor):
             self._run_ended(locked, done, cancel)
 
     def _run_in_thread(
-        self, locked: LockedExecution, cancel: threading.Event, done: Future[None]
+        self, locked: LockedExecution, cancel: threading.Event, done: RunEnded
     ) -> None:
         try:
             info = self.component.functions[locked.ffqn]
@@ -253,9 +253,7 @@ class ActivityExecutor(BaseExecutor):
             locked.execution_id, locked.next_version, [event], now, extras, appended
         )
 
-    def _run_ended(
-        self, locked: LockedExecution, done: Future[None], cancel: threading.Event
-    ) -> None:
+    def _run_ended(self, locked: LockedExecution, done: RunEnded, cancel: threading.Event) -> None:
         """Any thread. Only this run's entries go: a retry may be running already."""
         execution_id = locked.execution_id
         listener = cancel.requested if isinstance(cancel, _RunCancel) else cancel.set
@@ -322,7 +320,7 @@ class ActivityExecutor(BaseExecutor):
             with contextlib.suppress(StorageError):
                 await self._append_if_held(locked, ev.Unlocked(now, "executor closing"), now)
 
-    def _finish_if_still_running(self, locked: LockedExecution, done: Future[None]) -> None:
+    def _finish_if_still_running(self, locked: LockedExecution, done: RunEnded) -> None:
         """On the loop, when the cancellation of a running execution was requested: the
         run is interrupted, but one blocked in a host call (a WASI sleep, a socket read)
         notices only when the call returns. If it has not ended after

@@ -20,6 +20,7 @@ from engine.build_components import ensure_built
 from engine.core import events as ev
 from engine.engine import Engine
 from engine.errors import DeploymentError, InvalidParams, UnknownFunction
+from engine.executors.base import RunEnded
 from engine.storage.contract import ListFilter
 from tests.engine.conftest import StartEngine
 from tests.engine.test_js_activities import event_types, legal, wait_state
@@ -223,7 +224,9 @@ SLEEP_MS = 8_000
 def asleep_run(engine: Engine, eid: str) -> asyncio.Future[None]:
     """Resolved when the run of `eid` (in progress) has ended."""
     executor = next(e for e in engine.executors if eid in e._inflight)
-    return asyncio.wrap_future(executor._inflight[eid][0])  # type: ignore[arg-type]
+    ended = executor._inflight[eid][0]
+    assert isinstance(ended, RunEnded)
+    return asyncio.wrap_future(ended.future())
 
 
 async def test_cancel_of_a_run_blocked_in_a_wasi_sleep_does_not_wait_for_it(

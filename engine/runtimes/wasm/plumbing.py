@@ -188,9 +188,9 @@ class RunStore:
         else:
             wasi = _wasi_config_new()
         key = _OUTPUTS.add(output)
-        # One key for both streams: each gives it back to `dropped` with the store
-        # (the second finds it gone).
-        _set_stdout(wasi, _on_stdout, key, _OUTPUTS.dropped)
+        # One key for both streams, given back once (by stderr's) with the store: both
+        # streams are dropped with it.
+        _set_stdout(wasi, _on_stdout, key, _NO_FINALIZER)
         _set_stderr(wasi, _on_stderr, key, _OUTPUTS.dropped)
         if error := _context_set_wasi(self.context, wasi):
             raise WasmtimeError._from_ptr(error)

@@ -398,8 +398,9 @@ def _append(
             f"execution {execution_id}: expected version {expected_version}, "
             f"but the next version is {s.next_version}"
         )
-    creates = {c.execution_id: c for c in (extras.creates if extras else [])}
-    backtrace_of = _backtrace_ids(conn, backtraces)
+    # (No comprehension nor call when there is nothing: most appends.)
+    creates = {c.execution_id: c for c in extras.creates} if extras and extras.creates else {}
+    backtrace_of = _backtrace_ids(conn, backtraces) if backtraces else {}
     # Nothing below reads this execution's events: they are inserted at the end, in one
     # statement (each statement is a GIL hand-off on this thread).
     rows: list[Any] = []
