@@ -19,10 +19,10 @@ from engine.core.ids import (
     new_deployment_id,
     new_executor_id,
     new_run_id,
+    parent_id_text,
     parse_execution_id,
     parse_executor_id,
     parse_run_id,
-    parent_id_text,
 )
 
 U = "01JKX3M7V9Q2R8T5W0Y4Z6A1BC"
