@@ -404,14 +404,19 @@ def _run_session(tmux: Tmux) -> None:
         backtrace_re = re.compile(
             rf"^\s*(?P<file>\S+\.js):(?P<line>\d+):\d+\b.*\bversion {target.version}\s*$", re.M
         )
-        screen = tmux.wait_screen(
-            f"the backtrace of version {target.version} (file.js:line:column … version N)",
-            lambda s: backtrace_re.search(s),
+
+        def excerpt_shown(s: str) -> bool:
+            # The frame, then the excerpt with the submitting line numbered and marked
+            # (❱). Both in one screen: under load a capture can fall between the paint
+            # of the new text and the relayout that gives the panel its height.
+            where = backtrace_re.search(s)
+            return where is not None and bool(re.search(rf"^\s*❱\s*{where['line']}\s+\S", s, re.M))
+
+        tmux.wait_screen(
+            f"the backtrace of version {target.version} (file.js:line:column … version N) "
+            "and its source excerpt, the line marked ❱",
+            excerpt_shown,
         )
-        where = backtrace_re.search(screen)
-        assert where is not None
-        # The excerpt shows the submitting line, numbered and marked (❱).
-        assert re.search(rf"^\s*❱\s*{where['line']}\s+\S", screen, re.M), screen
         # Time travel: the State tab shows the diagram at that version.
         tmux.keys("1")
         screen = tmux.wait_screen(
