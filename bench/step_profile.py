@@ -17,7 +17,8 @@ a pool that shrank), which `/proc` no longer lists.
 
 `--calls [TOP]` counts Python-level function calls instead (a profile hook on every
 thread; times are then meaningless): per step, by thread group, and the TOP functions
-(default 40). The counts do not depend on the machine's load, so they compare trees
+(default 40; generated methods, such as a dataclass's `__init__`, are named with their
+class). The counts do not depend on the machine's load, so they compare trees
 where the noisy CPU times cannot show a few percent.
 For stacks, run it under `py-spy record --threads --idle -o profile.svg -- python -m …`.
 """
