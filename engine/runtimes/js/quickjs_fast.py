@@ -309,8 +309,11 @@ class LazyExports(Mapping[str, Any]):
     def _extern(self, name: str) -> Any:
         raw = name.encode()
         item = wasmtime_ffi.wasmtime_extern_t()
+        # `store._context()` without the call (as in `fast_guest_calls`): None once closed.
+        if (context := self._store._Store__context) is None:
+            raise ValueError("already closed")
         if not wasmtime_ffi.wasmtime_instance_export_get(
-            self._store._context(),
+            context,
             ctypes.byref(self._instance._instance),
             raw,
             len(raw),

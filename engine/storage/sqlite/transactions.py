@@ -6,6 +6,7 @@ the commit (`Notes`).
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -376,9 +377,15 @@ def _append_fn(
     """The logical transaction of an append (backtraces prepared by the caller's thread,
     not the writer's)."""
     backtraces = _prepare_backtraces(extras.component_digest, extras.backtraces) if extras else []
-    events = list(events)
-    return lambda c, n: _append(
-        c, n, execution_id, expected_version, events, now, extras, backtraces
+    # A `partial`, not a lambda: called in C, a Python frame less for every append.
+    return functools.partial(
+        _append,
+        execution_id=execution_id,
+        expected_version=expected_version,
+        events=list(events),
+        now=now,
+        extras=extras,
+        backtraces=backtraces,
     )
 
 
