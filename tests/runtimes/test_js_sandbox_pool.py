@@ -4,6 +4,8 @@ reset byte for byte, the same results as fresh ones, and only after a clean end.
 from __future__ import annotations
 
 import gc
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -180,3 +182,41 @@ def test_the_process_keeps_a_bounded_number_of_idle_sandboxes(
         first.sandboxes.clear()
         second.sandboxes.clear()
     assert sandbox_pool._kept == 0
+
+
+def test_a_sandbox_idle_for_idle_seconds_is_closed() -> None:
+    """After a burst, the sandboxes it left go back once nobody takes them for
+    `IDLE_SECONDS` (the trimmer thread calls `trim_all` with the time)."""
+    first, second = _runner(), _runner()
+    try:
+        assert isinstance(_run(first, "E_A"), WfOk)
+        now = time.monotonic()
+        assert isinstance(_run(second, "E_B"), WfOk)
+        later = time.monotonic()
+        kept = sandbox_pool._kept
+        # Not idle long enough: kept.
+        soon = now + sandbox_pool.IDLE_SECONDS - 1
+        assert first.sandboxes.trim(soon) == 0 and second.sandboxes.trim(soon) == 0
+        assert (len(first.sandboxes), len(second.sandboxes)) == (1, 1)
+        # Idle long enough: closed, and no longer counted in the process.
+        assert first.sandboxes.trim(later + sandbox_pool.IDLE_SECONDS) == 1
+        assert len(first.sandboxes) == 0 and sandbox_pool._kept == kept - 1
+        # Every pool of the process (earlier tests' too: hence no exact count).
+        assert sandbox_pool.trim_all(later + sandbox_pool.IDLE_SECONDS) >= 1
+        assert len(second.sandboxes) == 0
+        # A run after that opens a new sandbox, and works.
+        assert _run(first, "E_C") == _run(_runner(), "E_C")
+    finally:
+        first.sandboxes.clear()
+        second.sandboxes.clear()
+
+
+def test_a_sandbox_given_back_starts_the_trimmer() -> None:
+    runner = _runner()
+    try:
+        assert isinstance(_run(runner, "E_A"), WfOk)
+        assert len(runner.sandboxes) == 1
+        trimmers = [t for t in threading.enumerate() if t.name == "obelisk-sandbox-trim"]
+        assert len(trimmers) == 1 and trimmers[0].daemon and trimmers[0].is_alive()
+    finally:
+        runner.sandboxes.clear()

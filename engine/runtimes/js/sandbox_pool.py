@@ -15,6 +15,14 @@ one is marked closed first, so that a JS value handle the previous run left behi
 the garbage collector finalizes later cannot free anything in the next run's heap
 (quickjs-rs frees a handle's value only while its context is open).
 
+How many are kept: as many as were in use lately, up to `KEEP` per runner and
+`KEEP_IN_PROCESS` in all (~1.5 MB each for a small module). A burst of runs at once
+leaves as many sandboxes behind as it used, which is no more memory than the burst took
+while it ran; a sandbox nobody took for `IDLE_SECONDS` is closed by a daemon thread that
+looks every `TRIM_EVERY` seconds (`SandboxPool.trim`), so the memory goes back once the
+burst is over. (With 16 kept, a burst of 100 runs opened 84 new sandboxes every time:
+~5 % of the concurrent-steps benchmark's CPU.)
+
 Only sandboxes whose run ended normally come back: the function returned or threw, no
 trap (a store that trapped is dead), no interrupt, no memory limit hit, no memory growth
 beyond the image, nothing pending. Pinned to quickjs-rs 0.2.6 (`Runtime._contexts`,
@@ -24,7 +32,10 @@ beyond the image, nothing pending. Pinned to quickjs-rs 0.2.6 (`Runtime._context
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +43,14 @@ from engine.runtimes.js.heap import HeapImage
 
 #: Sandboxes kept per runner, and by all runners of the process together (each holds
 #: its linear memory: ~1.5 MB for a small module).
-KEEP = 16
-KEEP_IN_PROCESS = 32
+KEEP = 128
+KEEP_IN_PROCESS = 128
+#: An idle sandbox not taken for this long is closed.
+IDLE_SECONDS = 30.0
+#: How often the trimmer thread looks for such sandboxes.
+TRIM_EVERY = 5.0
+
+_log = logging.getLogger("obelisk.js")
 
 _kept_lock = threading.Lock()
 _kept = 0  # idle sandboxes in every pool of the process
@@ -107,8 +124,10 @@ class SandboxPool:
 
     def __init__(self, keep: int = KEEP) -> None:
         self._keep = keep
-        self._idle: list[PooledSandbox] = []
+        #: Idle sandboxes and since when (`time.monotonic()`), the latest given last.
+        self._idle: list[tuple[PooledSandbox, float]] = []
         self._lock = threading.Lock()
+        _pools.add(self)
 
     def __len__(self) -> int:
         return len(self._idle)
@@ -119,7 +138,7 @@ class SandboxPool:
             with self._lock:
                 if not self._idle:
                     return None
-                sandbox = self._idle.pop()
+                sandbox, _ = self._idle.pop()
             _let_go()
             if sandbox.image is not image:  # the runner's imports changed
                 sandbox.close()
@@ -134,17 +153,66 @@ class SandboxPool:
     def give(self, sandbox: PooledSandbox) -> None:
         with self._lock:
             if len(self._idle) < self._keep and _keep_one():
-                self._idle.append(sandbox)
+                self._idle.append((sandbox, time.monotonic()))
+                _ensure_trimmer()
                 return
         sandbox.close()
+
+    def trim(self, now: float) -> int:
+        """Close the sandboxes idle since before `now - IDLE_SECONDS` (`time.monotonic()`
+        times); how many."""
+        with self._lock:
+            cut = now - IDLE_SECONDS
+            expired = [sandbox for sandbox, since in self._idle if since <= cut]
+            if expired:
+                self._idle = [(sb, since) for sb, since in self._idle if since > cut]
+        _let_go(len(expired))
+        for sandbox in expired:
+            sandbox.close()
+        return len(expired)
 
     def clear(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
         _let_go(len(idle))
-        for sandbox in idle:
+        for sandbox, _ in idle:
             sandbox.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone
             self.clear()
+
+
+_pools: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
+_trimmer: threading.Thread | None = None
+_trimmer_lock = threading.Lock()
+
+
+def _ensure_trimmer() -> None:
+    """Start the daemon thread that trims every pool (once per process)."""
+    global _trimmer
+    if _trimmer is not None:
+        return
+    with _trimmer_lock:
+        if _trimmer is None:
+            _trimmer = threading.Thread(
+                target=_trim_forever, name="obelisk-sandbox-trim", daemon=True
+            )
+            _trimmer.start()
+
+
+def trim_all(now: float) -> int:
+    """`SandboxPool.trim` on every pool of the process; how many sandboxes were closed."""
+    closed = 0
+    for pool in list(_pools):
+        try:
+            closed += pool.trim(now)
+        except Exception:  # one pool's failure must not stop the others
+            _log.exception("trimming idle sandboxes failed")
+    return closed
+
+
+def _trim_forever() -> None:
+    while True:
+        time.sleep(TRIM_EVERY)
+        trim_all(time.monotonic())
