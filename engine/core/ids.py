@@ -209,9 +209,7 @@ def _segment(join_set_id: str, n: int) -> str:
 
 def join_set_text(kind: JoinSetKind, name: str) -> str:
     """`str(JoinSetId(kind, name))`, with `name` checked the same way (`IdError`)."""
-    if not isinstance(name, str) or not _NAME_PATTERN.fullmatch(name):
-        JoinSetId.validate_name(name)  # raises
-    return f"{kind}:{name}"
+    return f"{kind}:{JoinSetId.validate_name(name)}"
 
 
 def child_id_text(parent_id: str, join_set_id: str, n: int) -> str:

@@ -263,8 +263,7 @@ def apply_event(s: ExecutionSummary, event: ev.Event, now: datetime) -> Executio
     u = s.underlying
     if isinstance(u, Finished):
         raise IllegalAppend("the execution is finished: nothing can be appended")
-    # `_copy(s)`, inline (this runs for every event appended).
-    n = msgspec.structs.replace(s, join_sets=dict(s.join_sets))
+    n = _copy(s)
     n.next_version = s.next_version + 1
     # The cases are disjoint; the most frequent come first (each case is a type test).
     match event:
@@ -428,10 +427,9 @@ def _apply_join_next_try(n: ExecutionSummary, js: str, outcome: str) -> None:
 
 def apply_response(s: ExecutionSummary, response: ev.Response, now: datetime) -> ExecutionSummary:
     """Record a response; it unblocks the execution if it is blocked on that join set."""
-    # `_copy(s)` and `s.is_finished`, inline (this runs for every response).
-    n = msgspec.structs.replace(s, join_sets=dict(s.join_sets))
+    n = _copy(s)
     n.responses += 1
-    if isinstance(s.underlying, Finished):
+    if s.is_finished:
         return n  # late responses of a finished parent are kept, but change nothing
     js = response.join_set_id
     c = _counters(n, js)

@@ -277,10 +277,10 @@ class ReplayLog:
     ) -> ev.HistoryEventKind | None:
         """Match the next recorded event against the call's deterministic key (by default
         equality with `want`); None when the call is new (past the end of the history)."""
-        if self.cursor >= len(self.history):  # (`_next_recorded`, inline: every call)
+        recorded = self._next_recorded()  # (a hook: the upgrade dry run stops there)
+        if recorded is None:
             return None
-        version, got = self.history[self.cursor]
-        self.cursor += 1
+        version, got = recorded
         if not (matches(got) if matches is not None else got == want):
             raise self._nondeterminism(
                 f"at version {version} the log has {describe_event(got)}, but the code now asks for "
@@ -317,8 +317,7 @@ class ReplayLog:
         expiring = self.lock_expires_at - now < LOCK_EXTENSION_LEEWAY
         if not events and not expiring and not lead:
             return None
-        if self.aborted is not None:  # `_check`, inline: every write
-            raise RunAborted(self.aborted.kind)
+        self._check()
         lock_expires_at = self.lock_expires_at
         if lead is None:
             lead = self._take_lead(now)
@@ -440,10 +439,6 @@ class ReplayLog:
     def _pull_inbox(self) -> bool:
         """Take what the inbox holds now; True when it brought a new response."""
         items, poked = (self._inbox or self._open_inbox()).take(0)
-        if not items:  # (most pulls: no `_accept` call)
-            if poked:
-                self._stale = True
-            return False
         before = self.max_cursor
         if not self._accept(items) or poked:
             self._stale = True

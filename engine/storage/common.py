@@ -28,6 +28,7 @@ from engine.core.state import (
     Locked,
     PendingAt,
     PendingState,
+    state_name,
 )
 from engine.core.state_names import RESULT_CLASSES
 from engine.storage.contract import (
@@ -290,8 +291,7 @@ def projection(
     u = s.underlying
     pending_at = us(state.scheduled_at) if isinstance(state, PendingAt) else None
     lock_expires_at = us(u.lock_expires_at) if isinstance(u, Locked) else None
-    # `state_name(state)`, inline: every summary written.
-    return state.__struct_config__.tag, pending_at, lock_expires_at  # type: ignore[return-value]
+    return state_name(state), pending_at, lock_expires_at
 
 
 def execution_row(

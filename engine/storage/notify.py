@@ -132,9 +132,7 @@ class ResponseInbox:
         """`seq` 0: committed; else the number of the `Commits` transaction they are in."""
         with self._lock:
             self._items.extend(zip(items, repeat(seq)))  # (no generator: a call less)
-            if not self._signalled:  # (`_notify`, inline: every response)
-                self._signalled = True
-                self._signal.put(None)
+            self._notify()
 
     @property
     def uncommitted(self) -> tuple[int, int]:
@@ -199,8 +197,7 @@ class ResponseInbox:
         if not items:  # (most takes: no comprehension, which is a call)
             return [], poked
         for _, seq in items:
-            if seq:
-                self.note_uncommitted(seq)
+            self.note_uncommitted(seq)
         return [item for item, _ in items], poked
 
 

@@ -18,9 +18,9 @@ from .conftest import at, create_request
 
 
 class _Summary:
-    """What the cache keeps, as far as it looks at it (an execution not finished)."""
+    """What the cache keeps, as far as it looks at it."""
 
-    underlying = None
+    is_finished = False
 
 
 S: Any = _Summary()

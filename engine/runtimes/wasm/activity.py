@@ -336,8 +336,7 @@ class WasmEngine:
 
     def new_run_store(self, check: Callable[[], str | None]) -> tuple[RunStore, Interrupt]:
         """`new_store` for an activity run: a `RunStore`."""
-        if self._ticker is None:
-            self.ensure_ticker()
+        self.ensure_ticker()
         store = RunStore(self._engine_ptr)
         return store, install_interrupt(store, check)
 
@@ -674,10 +673,11 @@ class WasmActivityRunner:
         self._component_ptr = component.ptr()
         self._export_types: dict[str, ExportTypes | None] = {}
 
-    def _types(self, ffqn: str, instance: Any, store: RunStore) -> ExportTypes | None:
+    def _types(self, ffqn: str, raw_instance: Any, store: RunStore) -> ExportTypes | None:
         """The export index and types of `ffqn` (None: not exported), looked up once
-        (callers read `_export_types` first); `instance` is a raw instance."""
-        instance = wc.Instance._from_raw(instance)
+        (callers read `_export_types` first)."""
+        # (Typed loosely: wasmtime-py asks these calls' store only for `_context()`.)
+        instance: Any = wc.Instance._from_raw(raw_instance)
         interface, _, function = ffqn.rpartition(".")
         types = None
         ifc_index = self.component.get_export_index(interface)

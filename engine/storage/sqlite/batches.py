@@ -183,7 +183,7 @@ class _EarlyResponses:
                 if not ok:
                     continue
                 if notes.response_items:
-                    seq = self.seq or self.number()  # (the call only for the first)
+                    seq = self.number()
                     for execution_id, items in _grouped_responses(notes).items():
                         self.notifier.post_responses(execution_id, items, seq)
                         for waiting, summary in self.deferred.pop(execution_id, ()):
@@ -193,11 +193,10 @@ class _EarlyResponses:
                     if tx.execution_id is not None and isinstance(
                         getattr(value, "underlying", None), BlockedByJoinSet
                     ):
-                        if not self.seq:
-                            self.number()  # (this transaction hands something over)
+                        self.number()
                         self.deferred.setdefault(tx.execution_id, []).append((reply, value))
                     else:
-                        reply.set_early(value, self.seq or self.number())
+                        reply.set_early(value, self.number())
         except Exception:  # a bug: the responses go out after the commit instead
             log.exception("posting responses before the commit failed")
             self.complete = False

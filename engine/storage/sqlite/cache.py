@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from engine.core.state import ExecutionSummary, Finished
+from engine.core.state import ExecutionSummary
 
 #: `row_writes.ids` of a transaction whose writes are not known one by one.
 EVERYTHING = "*"
@@ -87,8 +87,7 @@ class SummaryCache:
         committed = self.committed
         for execution_id, entry in self.tx.items():
             committed.pop(execution_id, None)  # to the end: the oldest go first
-            # `is_finished`, inline: once per execution written, on every commit.
-            if not isinstance(entry[0].underlying, Finished):
+            if not entry[0].is_finished:
                 committed[execution_id] = entry
         self.tx.clear()
         if len(committed) > self.MAX:
