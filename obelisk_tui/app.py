@@ -125,6 +125,9 @@ class ObeliskApp(App[None]):
         self.fatal_error: str | None = None
         #: The engine is unreachable (attached): shown in the header until it is back.
         self._disconnected = False
+        #: How many times the server was seen gone: an answer to a question asked before
+        #: the last time is no news that it is back.
+        self._disconnections = 0
         self._last_error: str | None = None
         self._last_error_at = 0.0
         #: Run on exit, before the backend closes (e.g. the demo traffic's stop).
@@ -159,6 +162,10 @@ class ObeliskApp(App[None]):
         self.sub_title = self.backend.label
         from obelisk_tui.screens.executions import ExecutionsScreen
 
+        # The generation before the list's first load reads anything: a commit between
+        # that load's read and the follower's start would otherwise be followed from
+        # (its change counted as seen) and missing from the list until the next commit.
+        generation = await self._generation_now() if self.live else None
         executions = ExecutionsScreen()
         await self.switch_screen(executions)
         if self._tune_gc:
@@ -168,7 +175,7 @@ class ObeliskApp(App[None]):
             gc.freeze()
             gc_tuning.tune_gc(gc_tuning.CONSOLE_THRESHOLDS)
         if self.live:
-            self.follow_changes()  # from the generation now: the list's first load is newer
+            self.follow_changes(generation)
             self.set_interval(1.0, self._tick)
             self.set_interval(1.0, self.sample_throughput)
         self._after_first_rows(executions)
@@ -279,21 +286,34 @@ class ObeliskApp(App[None]):
         """Refresh now (after an action), not waiting for the next change."""
         self._refresh_wanted.set()
 
+    async def _generation_now(self) -> int | None:
+        """The engine's commit generation, or None when it cannot be read (the follower
+        reads it then, and reports the error)."""
+        try:
+            return await self.backend.wait_changed(-1, 0.0)
+        except ApiError:
+            return None
+
     @work(exclusive=True, group="changes")
-    async def follow_changes(self) -> None:
-        # From the generation now: the screen just loaded what is there.
-        generation: int | None = None
+    async def follow_changes(self, generation: int | None = None) -> None:
+        """A `DataChanged` for the screen after each change committed after `generation`
+        (read before the screen's first load), throttled; None: from the generation now."""
         while True:
             try:
                 if generation is None:
                     generation = await self.backend.wait_changed(-1, 0.0)
                     continue
-                new, forced = await self._next_change(generation)
+                asked_at = self._disconnections
+                new, forced, answered = await self._next_change(generation)
             except ApiError as e:
                 self.report_error(e)
                 await asyncio.sleep(1.0)  # the server may be restarting: retry calmly
                 continue
-            if self._disconnected:
+            if self._disconnected and answered:
+                if asked_at != self._disconnections:
+                    # Asked before the server was seen gone (one shutting down answers
+                    # its long polls while refusing new requests): ask again.
+                    continue
                 self._connection_back()
                 forced = True  # whatever happened meanwhile: show it
             changed, generation = new != generation, new
@@ -314,9 +334,10 @@ class ObeliskApp(App[None]):
             self._last_refresh = time.monotonic()
             self.screen.post_message(DataChanged())
 
-    async def _next_change(self, generation: int) -> tuple[int, bool]:
-        """(the generation, whether a refresh was asked for) once the engine committed
-        something new or `request_refresh` was called."""
+    async def _next_change(self, generation: int) -> tuple[int, bool, bool]:
+        """(the generation, whether a refresh was asked for, whether the server answered)
+        once the engine committed something new or `request_refresh` was called (a refresh
+        asked for while the server is away is no answer from it)."""
         change = asyncio.ensure_future(self.backend.wait_changed(generation, 10.0))
         asked = asyncio.ensure_future(self._refresh_wanted.wait())
         try:
@@ -327,7 +348,8 @@ class ObeliskApp(App[None]):
                 change.cancel()
         forced = self._refresh_wanted.is_set()
         self._refresh_wanted.clear()
-        return (change.result() if change.done() and not change.cancelled() else generation), forced
+        answered = change.done() and not change.cancelled()
+        return (change.result() if answered else generation), forced, answered
 
     def sample_throughput(self) -> None:
         # One sample at a time: a query slower than the timer is not cancelled by the
@@ -400,6 +422,7 @@ class ObeliskApp(App[None]):
             # One notice, and a lasting mark that `follow_changes` clears once the
             # server answers again (retries and several panes would stack toasts).
             self._disconnected = True
+            self._disconnections += 1
             self.sub_title = f"{self.backend.label} · DISCONNECTED, retrying"
             self.notify(error.message, title="server unreachable", severity="error", timeout=8)
             return

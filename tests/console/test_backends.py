@@ -234,7 +234,9 @@ async def test_the_attached_console_marks_a_lost_server_once_and_resumes(
     console_engine: Engine,
 ) -> None:
     """The server goes away while the console is attached: one notice and a lasting
-    mark in the header (not a toast per retry); back on the same address: unmarked."""
+    mark in the header (not a toast per retry), kept through a refresh asked meanwhile
+    and the answer a closing server gives to a long poll asked before; back on the same
+    address: unmarked."""
     from tests.console.conftest import open_console, until
 
     server = await api_server(console_engine)
@@ -254,10 +256,16 @@ async def test_the_attached_console_marks_a_lost_server_once_and_resumes(
             def unreachable_toasts() -> int:
                 return titles.count("server unreachable")
 
-            await server.close()
+            closing = asyncio.ensure_future(server.close())  # refuses new requests first
             await until(pilot, lambda: "DISCONNECTED" in app.sub_title, what="the mark")
+            # A commit while it closes: the long poll asked before it went is answered.
+            await console_engine.submit(APPROVE, ["meanwhile"])
+            await closing
+            await pilot.press("space", "space")  # frozen and live again: a refresh asked
             await asyncio.sleep(2.5)  # follow_changes retries each second meanwhile
             assert unreachable_toasts() == 1
+            assert "server" not in titles  # no "connected again" while it was away
+            assert "DISCONNECTED" in app.sub_title
             server = await api_server(console_engine, port)  # back on the same address
             await until(pilot, lambda: "DISCONNECTED" not in app.sub_title, what="unmarked")
             assert titles[-1] == "server"  # "connected again"

@@ -6,6 +6,8 @@ during a test is hot-reloaded and shown.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,10 @@ from textual.widgets import DataTable, TabbedContent, TextArea
 from engine.core import events as ev
 from engine.core.state import state_name
 from engine.engine import Engine
+from engine.views import ExecutionInfo
 from obelisk_tui.app import ObeliskApp
+from obelisk_tui.backend import EmbeddedBackend
+from obelisk_tui.list_query import ExecutionQuery
 from obelisk_tui.screens.components import ComponentsScreen
 from obelisk_tui.screens.confirm import ConfirmScreen
 from obelisk_tui.screens.detail import ExecutionDetailScreen
@@ -91,6 +96,52 @@ async def test_list_shows_executions_live_with_state_counts(console_engine: Engi
         assert "2 executions" in text and "ok 1" in text and "pending 1" in text
         assert "test:console/approval.approve" in text and "test:console/activity.step" in text
         assert listed(app) == [stub, first]  # newest first
+
+
+class CommitAfterTheFirstRead(EmbeddedBackend):
+    """The interleaving a CI run once hit: the list's first load reads its rows, an
+    execution is created and its commit counted, and only then does the change follower
+    read the generation it follows from. The follower's first read waits (up to 1 s) for
+    the list's first read to begin, then for that creation to be counted; the console
+    reads the generation before its first load, so it waits the 1 s in vain."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine, label="test", owns_engine=False)
+        self.list_read = asyncio.Event()
+        self.counted = asyncio.Event()
+        self.created: str | None = None
+        self._first_follow = True
+
+    async def wait_changed(self, since: int, timeout: float) -> int:
+        if self._first_follow:
+            self._first_follow = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.list_read.wait(), 1.0)
+                await asyncio.wait_for(self.counted.wait(), 5.0)
+        return await super().wait_changed(since, timeout)
+
+    async def list_executions(
+        self, query: ExecutionQuery, offset: int, limit: int
+    ) -> list[ExecutionInfo]:
+        rows = await super().list_executions(query, offset, limit)
+        if not self.list_read.is_set():
+            self.list_read.set()
+            before = self.engine.storage.changes().generation
+            # A stub activity: pending until stubbed, nothing more is committed for it.
+            self.created = await self.engine.submit(APPROVE, ["late"])
+            await self.engine.wait_changed(before, 5.0)
+            self.counted.set()
+        return rows
+
+
+async def test_an_execution_created_during_the_first_load_is_listed(
+    console_engine: Engine,
+) -> None:
+    backend = CommitAfterTheFirstRead(console_engine)
+    async with open_console(backend=backend) as (app, pilot):
+        await until(pilot, lambda: backend.created is not None, what="the creation")
+        assert backend.created is not None
+        await until(pilot, lambda: backend.created in listed(app), what="the late one listed")
 
 
 async def test_filter_order_and_clear(console_engine: Engine) -> None:
