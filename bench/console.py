@@ -72,6 +72,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.procs import cpu_seconds
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 SIZE = (160, 45)
@@ -524,13 +526,6 @@ def thread_cpu() -> dict[str, float]:
             name = f"native:{comm}"
         out[name] = out.get(name, 0.0) + cpu
     return out
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system, all threads) of a process."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def summary(values: list[float], scale: float = 1000.0) -> dict[str, float]:
@@ -990,7 +985,7 @@ async def _measure_window(
     heap0 = heap()
     probe.lags.clear()
     cpu0, th0, w0 = time.process_time(), thread_cpu(), time.perf_counter()
-    extra0 = proc_cpu(pid_extra) if pid_extra else 0.0
+    extra0 = cpu_seconds([pid_extra]) if pid_extra else 0.0
     await asyncio.sleep(seconds)
     cpu1, th1, w1 = time.process_time(), thread_cpu(), time.perf_counter()
     wall = w1 - w0
@@ -1008,7 +1003,9 @@ async def _measure_window(
     }
     out["heap_before"], out["heap_after"] = heap0, heap()
     if pid_extra:
-        out["other_process_cpu_percent"] = round(100 * (proc_cpu(pid_extra) - extra0) / wall, 1)
+        out["other_process_cpu_percent"] = round(
+            100 * (cpu_seconds([pid_extra]) - extra0) / wall, 1
+        )
     return out
 
 
@@ -1267,12 +1264,12 @@ def phase_flow(deployment: Path, data: Path, args: argparse.Namespace) -> dict[s
             counts: dict[str, int] = {}
             task = asyncio.ensure_future(submit_flow(server.url, args.rate, stop, counts))
             assert child.stdin is not None
-            s0, w0 = proc_cpu(server.proc.pid), time.perf_counter()
+            s0, w0 = cpu_seconds([server.proc.pid]), time.perf_counter()
             child.stdin.write("GO\n")
             child.stdin.flush()
             loop = asyncio.get_running_loop()
             lines: list[str] = await loop.run_in_executor(None, lambda: list(child.stdout or []))
-            s1, w1 = proc_cpu(server.proc.pid), time.perf_counter()
+            s1, w1 = cpu_seconds([server.proc.pid]), time.perf_counter()
             stop.set()
             await task
             return {

@@ -44,7 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.console import REPO, SIZE, VENV_BIN, Server, proc_cpu
+from bench.console import REPO, SIZE, VENV_BIN, Server
+from bench.procs import cpu_seconds
 
 # ---------------------------------------------------------------------------------------
 # rss: an hour of demo traffic
@@ -203,8 +204,8 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
             say(f"rss: consoles up (s): {started}; pids {[c.pid for c in consoles.values()]}")
             samples: dict[str, list[dict[str, Any]]] = {k: [] for k in consoles}
             t0 = time.monotonic()
-            cpu0 = {k: proc_cpu(c.pid) for k, c in consoles.items()}
-            server_cpu0 = proc_cpu(server.proc.pid)
+            cpu0 = {k: cpu_seconds([c.pid]) for k, c in consoles.items()}
+            server_cpu0 = cpu_seconds([server.proc.pid])
             last = dict(cpu0)
             t_last = t0
             n = round(args.minutes * 60 / args.sample_seconds)
@@ -216,7 +217,7 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
                     if not c.alive():
                         samples[k].append({"t_min": round((now - t0) / 60, 2), "dead": True})
                         continue
-                    cpu = proc_cpu(c.pid)
+                    cpu = cpu_seconds([c.pid])
                     pane = c.capture()
                     samples[k].append(
                         {
@@ -256,12 +257,12 @@ def phase_rss(tmp: Path, args: argparse.Namespace, say: Any) -> dict[str, Any]:
                 "samples": samples,
                 "traffic": driven,
                 "cpu_percent_whole_run": {
-                    k: round(100 * (proc_cpu(c.pid) - cpu0[k]) / wall, 1)
+                    k: round(100 * (cpu_seconds([c.pid]) - cpu0[k]) / wall, 1)
                     for k, c in consoles.items()
                     if c.alive()
                 },
                 "server_cpu_percent": round(
-                    100 * (proc_cpu(server.proc.pid) - server_cpu0) / wall, 1
+                    100 * (cpu_seconds([server.proc.pid]) - server_cpu0) / wall, 1
                 ),
             }
 
@@ -357,10 +358,10 @@ def _tmux_windows(c: TmuxConsole, seconds: float) -> dict[str, Any]:
     """The real console's CPU (% of one core) over live, frozen (space), live windows."""
 
     def window(name: str) -> dict[str, Any]:
-        cpu0, t0 = proc_cpu(c.pid), time.perf_counter()
+        cpu0, t0 = cpu_seconds([c.pid]), time.perf_counter()
         first = listed_total(c.capture())
         time.sleep(seconds)
-        cpu1, t1 = proc_cpu(c.pid), time.perf_counter()
+        cpu1, t1 = cpu_seconds([c.pid]), time.perf_counter()
         return {
             "window": name,
             "seconds": round(t1 - t0, 1),
@@ -397,9 +398,17 @@ def phase_live_cpu(
             out: dict[str, Any] = {}
 
             def measured(what: str, run: Any) -> dict[str, Any]:
-                s0, n0, w0 = proc_cpu(server.proc.pid), counts.get("ok", 0), time.perf_counter()
+                s0, n0, w0 = (
+                    cpu_seconds([server.proc.pid]),
+                    counts.get("ok", 0),
+                    time.perf_counter(),
+                )
                 result: dict[str, Any] = run()
-                s1, n1, w1 = proc_cpu(server.proc.pid), counts.get("ok", 0), time.perf_counter()
+                s1, n1, w1 = (
+                    cpu_seconds([server.proc.pid]),
+                    counts.get("ok", 0),
+                    time.perf_counter(),
+                )
                 result["driver"] = {
                     "submitted_per_s": round((n1 - n0) / (w1 - w0), 1),
                     "failed_submissions": counts.get("failed", 0),
