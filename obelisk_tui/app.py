@@ -304,7 +304,10 @@ class ObeliskApp(App[None]):
                     generation = await self.backend.wait_changed(-1, 0.0)
                     continue
                 asked_at = self._disconnections
-                new, forced, answered = await self._next_change(generation)
+                # While the server is away, a question it answers at once: one that
+                # waits for a commit would leave the mark up to 10 s after it is back.
+                wait = 0.0 if self._disconnected else 10.0
+                new, forced, answered = await self._next_change(generation, wait)
             except ApiError as e:
                 self.report_error(e)
                 await asyncio.sleep(1.0)  # the server may be restarting: retry calmly
@@ -334,11 +337,11 @@ class ObeliskApp(App[None]):
             self._last_refresh = time.monotonic()
             self.screen.post_message(DataChanged())
 
-    async def _next_change(self, generation: int) -> tuple[int, bool, bool]:
+    async def _next_change(self, generation: int, wait: float = 10.0) -> tuple[int, bool, bool]:
         """(the generation, whether a refresh was asked for, whether the server answered)
         once the engine committed something new or `request_refresh` was called (a refresh
         asked for while the server is away is no answer from it)."""
-        change = asyncio.ensure_future(self.backend.wait_changed(generation, 10.0))
+        change = asyncio.ensure_future(self.backend.wait_changed(generation, wait))
         asked = asyncio.ensure_future(self._refresh_wanted.wait())
         try:
             await asyncio.wait({change, asked}, return_when=asyncio.FIRST_COMPLETED)

@@ -21,6 +21,7 @@ from engine.client import ApiError, ServerUnreachable
 from engine.core import events as ev
 from engine.engine import Engine
 from engine.server.api import make_app
+from engine.server.run import SHUTDOWN_GRACE_SECONDS
 from obelisk_tui.backend import EmbeddedBackend, RestBackend
 from obelisk_tui.list_query import ExecutionQuery
 from tests.console.conftest import APPROVE, FANOUT, STEP, write_deployment
@@ -183,8 +184,7 @@ async def test_the_console_attached_to_a_server_on_postgresql(
         tmp_path / "data",
         database_url=schema_dsn(postgres_dsn, tmp_path),
     )
-    server = TestServer(make_app(engine, TOKEN))
-    await server.start_server()
+    server = await api_server(engine)
     try:
         fan = await engine.submit(FANOUT, [2])
         assert await engine.result(fan, timeout=30) is not None
@@ -224,9 +224,12 @@ async def test_the_console_attached_to_a_server_on_postgresql(
 
 
 async def api_server(engine: Engine, port: int | None = None, token: str = TOKEN) -> TestServer:
-    """The REST API of `engine`, started (on `port`, or any free one)."""
+    """The REST API of `engine`, started (on `port`, or any free one). It stops as
+    `obelisk server run` does: requests in flight get `SHUTDOWN_GRACE_SECONDS`, then are
+    cancelled (aiohttp's test server waits a minute for them, and an attached console
+    always has a long poll in flight)."""
     server = TestServer(make_app(engine, token), port=port)
-    await server.start_server()
+    await server.start_server(shutdown_timeout=SHUTDOWN_GRACE_SECONDS)
     return server
 
 
@@ -312,7 +315,9 @@ async def test_a_screen_opened_while_the_server_is_away_says_why_and_fills_once_
             if isinstance(screen, ComponentsScreen):
                 assert "(retrying)" in screen_text(app)
             server = await api_server(console_engine, port)  # back on the same address
-            await until(pilot, lambda: loaded(screen), what="its data", timeout=15)
+            # Within the follower's next retry (each second), though nothing commits: a
+            # long poll that waits for a commit kept the screen empty for 10 s.
+            await until(pilot, lambda: loaded(screen), what="its data", timeout=6)
             assert notice not in screen_text(app)
     finally:
         await rest.close()
