@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -132,7 +133,8 @@ def _git(*args: str) -> str:
 
 
 def prepare(revision: str, path: Path, copy: Sequence[str]) -> Tree:
-    _git("worktree", "add", "--detach", "--force", str(path), revision)
+    commit = _git("rev-parse", "--verify", revision)
+    _git("worktree", "add", "--detach", "--force", str(path), commit)
     (path / ".venv").symlink_to(REPO / ".venv")
     for name in copy:
         target = path / name
@@ -156,10 +158,6 @@ def run_once(tree: Tree, command: Sequence[str], metrics: Sequence[str]) -> None
         tree.values.setdefault(metric, []).extend(values)
         if values:
             tree.cycles.setdefault(metric, []).append(statistics.median(values))
-
-
-def load_average() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,11 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for index, revision in enumerate(args.revisions):
             path = root / f"{index}-{revision.replace('/', '_')}"
-            trees.append(prepare(_git("rev-parse", "--verify", revision), path, copy))
-            trees[-1].revision = revision
+            trees.append(prepare(revision, path, copy))
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         for cycle in range(args.cycles):
-            loads.append(load_average())
+            loads.append(os.getloadavg()[0])
             for tree in cycle_order(trees, cycle):
                 run_once(tree, command, metrics)
             if not args.json:

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 #: At most this many refreshes per second, however fast executions flow.
 MAX_REFRESH_HZ = 2.0
+#: How long the change follower's question waits for a commit (a long poll).
+CHANGE_POLL_SECONDS = 10.0
 #: The start's deferred work waits at most this many seconds for the list's first rows.
 FIRST_ROWS_WAIT = 2.0
 
@@ -305,8 +307,8 @@ class ObeliskApp(App[None]):
                     continue
                 asked_at = self._disconnections
                 # While the server is away, a question it answers at once: one that
-                # waits for a commit would leave the mark up to 10 s after it is back.
-                wait = 0.0 if self._disconnected else 10.0
+                # waits for a commit would leave the mark until it ends, after it is back.
+                wait = 0.0 if self._disconnected else CHANGE_POLL_SECONDS
                 new, forced, answered = await self._next_change(generation, wait)
             except ApiError as e:
                 self.report_error(e)
@@ -337,10 +339,10 @@ class ObeliskApp(App[None]):
             self._last_refresh = time.monotonic()
             self.screen.post_message(DataChanged())
 
-    async def _next_change(self, generation: int, wait: float = 10.0) -> tuple[int, bool, bool]:
+    async def _next_change(self, generation: int, wait: float) -> tuple[int, bool, bool]:
         """(the generation, whether a refresh was asked for, whether the server answered)
-        once the engine committed something new or `request_refresh` was called (a refresh
-        asked for while the server is away is no answer from it)."""
+        once the engine committed something new (or `wait` s passed) or `request_refresh`
+        was called (a refresh asked for while the server is away is no answer from it)."""
         change = asyncio.ensure_future(self.backend.wait_changed(generation, wait))
         asked = asyncio.ensure_future(self._refresh_wanted.wait())
         try:
