@@ -125,3 +125,49 @@ def keep_gil() -> None:
 memmove_keeping_gil = ctypes.PYFUNCTYPE(
     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
 )(ctypes._memmove_addr)  # type: ignore[attr-defined]
+
+
+#: `ctypes.memset`, likewise without the GIL hand-off.
+memset_keeping_gil = ctypes.PYFUNCTYPE(
+    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+)(
+    ctypes._memset_addr  # type: ignore[attr-defined]
+)
+
+_MADV_DONTNEED = 4
+_OS_PAGE = 4096
+
+
+def _madvise() -> Any | None:
+    try:
+        fn = ctypes.PyDLL(None).madvise  # the process's libc, called keeping the GIL
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return fn
+
+
+_madvise_fn = _madvise()
+
+
+def zero_memory(address: int, size: int) -> None:
+    """Make `size` bytes at `address` of a guest's linear memory zeros.
+
+    Whole OS pages are given back to the kernel (`madvise(MADV_DONTNEED)`), which maps
+    zero pages in on the next touch: pages the guest never wrote cost nothing, where a
+    `memset` would page-fault each of them in to write zeros it already had (~0.2 ms
+    per JS sandbox reset under load, for a 1.4 MiB memory of which a run touches a
+    few pages). Only for memory whose pages read as zeros after that: a private,
+    anonymous mapping, as wasmtime's linear memories without an initial image are (the
+    callers' tests compare the result with a fresh guest byte for byte). The unaligned
+    ends, or a failed `madvise`, are zeroed with `memset`."""
+    start = -address % _OS_PAGE
+    whole = (size - start) // _OS_PAGE * _OS_PAGE if size > start else 0
+    if _madvise_fn is None or whole == 0 or _madvise_fn(address + start, whole, _MADV_DONTNEED):
+        memset_keeping_gil(address, 0, size)
+        return
+    if start:
+        memset_keeping_gil(address, 0, start)
+    if (tail := size - start - whole) > 0:
+        memset_keeping_gil(address + start + whole, 0, tail)

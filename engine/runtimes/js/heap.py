@@ -24,10 +24,12 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import wasmtime
 from quickjs_rs import Runtime
 from quickjs_rs import _engine as qjs_engine  # noqa: PLC2701 (quickjs_rs internals, version pinned)
+from wasmtime import _ffi as wasmtime_ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
 
-from engine.runtimes.gil import memmove_keeping_gil
+from engine.runtimes.gil import memmove_keeping_gil, zero_memory
 
 log = logging.getLogger("obelisk.js_heap")
 K = TypeVar("K", bound=Hashable)
@@ -43,6 +45,19 @@ def memory_of(inst: Any) -> bytes:
 
 def _nonzero(data: bytes) -> bool:
     return data.count(0) != len(data)
+
+
+def _set_i32_global(store: Any, global_: Any, value: int) -> None:
+    """`global_.set_value(store, value)` for an i32 global, without wasmtime-py's type
+    lookup and value conversion (~27 µs of Python calls per JS run start)."""
+    raw = wasmtime_ffi.wasmtime_val_t(
+        kind=wasmtime_ffi.WASMTIME_I32.value, of=wasmtime_ffi.wasmtime_valunion_t(i32=value)
+    )
+    error = wasmtime_ffi.wasmtime_global_set(
+        store._context(), ctypes.byref(global_._global), ctypes.byref(raw)
+    )
+    if error:
+        raise wasmtime.WasmtimeError._from_ptr(error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +123,7 @@ class HeapImage:
         move = memmove_keeping_gil  # a few runs of pages: no GIL hand-off per copy
         for offset, page in self.pages:
             move(base + offset, page, len(page))
-        inst.sp.set_value(store, self.stack_pointer)
+        _set_i32_global(store, inst.sp, self.stack_pointer)
 
     def reset(self, inst: Any) -> None:
         """Make the memory of a sandbox that has run code this image again, byte for byte
@@ -125,12 +140,12 @@ class HeapImage:
         done = 0
         for offset, page in self.pages:
             if offset > done:
-                ctypes.memset(base + done, 0, offset - done)
+                zero_memory(base + done, offset - done)
             move(base + offset, page, len(page))
             done = offset + len(page)
         if done < self.memory_size:
-            ctypes.memset(base + done, 0, self.memory_size - done)
-        inst.sp.set_value(store, self.stack_pointer)
+            zero_memory(base + done, self.memory_size - done)
+        _set_i32_global(store, inst.sp, self.stack_pointer)
 
 
 class SandboxImages(Generic[K]):
