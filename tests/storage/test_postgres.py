@@ -105,6 +105,55 @@ async def test_newer_schema_is_refused_naming_both_versions(opened: Opener, url:
     assert f"knows up to {SCHEMA_VERSION}" in message
 
 
+async def test_rows_written_at_schema_3_are_counted_by_result_after_migration_4(
+    opened: Opener, url: str
+) -> None:
+    """Migration 4 stores each finished row's result class: rows that were there before
+    it get theirs from their summaries (the table is rewritten)."""
+    from tests.storage.test_contract import create, finish
+
+    s = await opened()
+    ok = await create(s, now=1)
+    await finish(s, ok, 2, OK)
+    err = await create(s, now=3)
+    await finish(s, err, 4, ev.ResultErr({"result_kind": "ok"}))
+    failed = await create(s, now=5)
+    await finish(s, failed, 6, ev.ExecutionFailure("timed_out", "too slow"))
+    await create(s, now=7)  # pending: no result class
+    await s.close()
+    conn = await raw(url)
+    try:  # back to schema 3, as a database of the previous release would be
+        await conn.execute(
+            "DROP INDEX executions_state_result; ALTER TABLE executions DROP COLUMN "
+            "result_class; CREATE INDEX executions_state ON executions (state); "
+            "DELETE FROM obelisk_schema_version WHERE version = 4"
+        )
+    finally:
+        await conn.close()
+    s = await opened()
+    counts = await s.count_by_state(results=True)
+    assert {k: counts[k] for k in ("finished", "pending_at", "ok", "err", "failed")} == {
+        "finished": 3,
+        "pending_at": 1,
+        "ok": 1,
+        "err": 1,
+        "failed": 1,
+    }
+    assert [r.execution_id for r in await s.list_executions(ListFilter(results=["err"]))] == [err]
+    conn = await raw(url)
+    try:
+        assert await conn.fetchval("SELECT max(version) FROM obelisk_schema_version") == 4
+        indexes = {
+            r[0]
+            for r in await conn.fetch(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = $1", parse_dsn(url).schema
+            )
+        }
+        assert "executions_state_result" in indexes and "executions_state" not in indexes
+    finally:
+        await conn.close()
+
+
 async def test_wrong_password_is_a_clear_error_without_the_password(url: str) -> None:
     bad = url.replace(f":{PASSWORD}@", ":not-the-password@")
     assert bad != url

@@ -26,7 +26,8 @@ _ORDER_BY: dict[str, str] = {
 #: state, with `result_kind`) comes before `result`, the only field holding user data,
 #: and after fields whose strings are escaped: so the first `"result_kind":"` is the
 #: Finished state's, and its first two bytes tell ok / err / execution_failure apart.
-#: Only meaningful where `state = 'finished'`.
+#: Only meaningful where `state = 'finished'`. Stored in the `result_class` column
+#: (migration 4), which the queries read.
 RESULT_CLASS_SQL = (
     '(CASE substring(summary FROM position(\'"result_kind":"\'::bytea IN summary) + 15 FOR 2)'
     " WHEN 'ok'::bytea THEN 'ok' WHEN 'er'::bytea THEN 'err' ELSE 'failed' END)"
@@ -48,9 +49,7 @@ def _list_where(flt: ListFilter) -> tuple[str, list[Any]]:
     if flt.states:
         where.append(f"state = ANY({arg(list(flt.states))}::text[])")
     if flt.results:
-        where.append(
-            f"state = 'finished' AND {RESULT_CLASS_SQL} = ANY({arg(list(flt.results))}::text[])"
-        )
+        where.append(f"state = 'finished' AND result_class = ANY({arg(list(flt.results))}::text[])")
     if flt.hide_finished:
         where.append("state != 'finished'")
     if flt.top_level_only:

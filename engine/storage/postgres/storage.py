@@ -89,7 +89,6 @@ from engine.storage.postgres.leases import PostgresLeases
 from engine.storage.postgres.queries import (
     _ORDER_BY,
     _ROW_COLUMNS,
-    RESULT_CLASS_SQL,
     _list_where,
     _row,
 )
@@ -713,8 +712,7 @@ class PostgresStorage(_GroupCommit):
             rows = await self._fetch("SELECT state, count(*) FROM executions GROUP BY state")
             return {state: int(count) for state, count in rows}
         rows = await self._fetch(
-            f"SELECT state, CASE WHEN state = 'finished' THEN {RESULT_CLASS_SQL} END, count(*) "
-            "FROM executions GROUP BY 1, 2"
+            "SELECT state, result_class, count(*) FROM executions GROUP BY 1, 2"
         )
         return counts_with_results([(state, kind, int(n)) for state, kind, n in rows])
 
