@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 from typing import Any
 
 log = logging.getLogger("obelisk.wasm")
@@ -139,6 +140,8 @@ _OS_PAGE = 4096
 
 
 def _madvise() -> Any | None:
+    if not sys.platform.startswith("linux"):
+        return None  # elsewhere MADV_DONTNEED need not leave zeros behind
     try:
         fn = ctypes.PyDLL(None).madvise  # the process's libc, called keeping the GIL
     except (AttributeError, OSError):  # pragma: no cover - not Linux
@@ -161,7 +164,7 @@ def zero_memory(address: int, size: int) -> None:
     few pages). Only for memory whose pages read as zeros after that: a private,
     anonymous mapping, as wasmtime's linear memories without an initial image are (the
     callers' tests compare the result with a fresh guest byte for byte). The unaligned
-    ends, or a failed `madvise`, are zeroed with `memset`."""
+    ends, a failed `madvise`, and everything off Linux are zeroed with `memset`."""
     start = -address % _OS_PAGE
     whole = (size - start) // _OS_PAGE * _OS_PAGE if size > start else 0
     if _madvise_fn is None or whole == 0 or _madvise_fn(address + start, whole, _MADV_DONTNEED):
