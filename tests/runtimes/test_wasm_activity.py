@@ -182,6 +182,31 @@ def test_a_spinning_guest_is_checked_about_25_times_a_second(
     assert 3 <= len(checks) <= 30, len(checks)
 
 
+def _until(condition: Any, what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.002)
+
+
+def test_the_epoch_ticker_parks_without_stores_and_wakes_for_the_next() -> None:
+    """An idle engine's ticker stops waking the process; a guest started afterwards is
+    still stopped at its deadline (only ticks can stop it)."""
+    engine = WasmEngine()  # its own ticker
+    component = engine.load_component(fx.activity_component())
+    runner = WasmActivityRunner(component, inspect_exports(component))
+    assert run(runner, "echo", ["x"]) == RunOk("x")
+    _until(lambda: not engine.ticking, "the ticker should park once no store is alive")
+    start = time.monotonic()
+    assert run(runner, "spin", [], timeout=0.15) == RunTimedOut()
+    assert 0.14 <= time.monotonic() - start < 0.5
+    # A store kept alive (a WASM workflow's, between host calls) keeps it ticking.
+    store, _ = engine.new_store(lambda: None)
+    _until(lambda: engine.ticking, "a new store wakes the ticker")
+    del store
+    _until(lambda: not engine.ticking, "the ticker should park once the store is gone")
+
+
 def test_cancel_already_set(runner: WasmActivityRunner) -> None:
     cancel = threading.Event()
     cancel.set()

@@ -160,13 +160,15 @@ class RunStore:
     dropped with C calls. For wasmtime-py's value conversions and type lookups it is a
     store (`_context()`, `ptr()`)."""
 
-    __slots__ = ("_ptr", "context")
+    __slots__ = ("_on_close", "_ptr", "context")
 
-    def __init__(self, engine_ptr: Any) -> None:
-        """A store of the engine `engine_ptr` (`wasmtime.Engine.ptr()`)."""
+    def __init__(self, engine_ptr: Any, on_close: Callable[[], None] | None = None) -> None:
+        """A store of the engine `engine_ptr` (`wasmtime.Engine.ptr()`); `on_close` is
+        called once, when it is closed."""
         self._ptr: Any = _store_new(engine_ptr, None, _NO_FINALIZER)
         #: The store's context; None once closed.
         self.context: Any = _store_context(self._ptr)
+        self._on_close = on_close
 
     def ptr(self) -> Any:
         if self._ptr is None:
@@ -215,3 +217,5 @@ class RunStore:
         if self._ptr is not None:
             _store_delete(self._ptr)
             self._ptr = self.context = None
+            if self._on_close is not None:
+                self._on_close()
