@@ -296,6 +296,9 @@ class WasmEngine:
         self._ticker: threading.Thread | None = None
         #: Stores of this engine alive now (`ticking`): the ticker parks when none is.
         self._stores = 0
+        #: Re-entrant: a store's finalizer (`_store_gone`) may run in a collection that
+        #: starts inside the sections it guards.
+        self._stores_lock = threading.RLock()
         #: Set while the ticker ticks; cleared while it is parked.
         self._ticking = threading.Event()
         self._linker: wc.Linker | None = None
@@ -338,19 +341,19 @@ class WasmEngine:
             time.sleep(EPOCH_TICK_SECONDS)
             engine.increment_epoch()
             if not self._stores:
-                with self._lock:
+                with self._stores_lock:
                     if not self._stores:  # (a store made now sets it again, under the lock)
                         ticking.clear()
                 ticking.wait()
 
     def _store_made(self) -> None:
-        with self._lock:
+        with self._stores_lock:
             self._stores += 1
             if not self._ticking.is_set():
                 self._ticking.set()
 
     def _store_gone(self) -> None:
-        with self._lock:
+        with self._stores_lock:
             self._stores -= 1
 
     @property
