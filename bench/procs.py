@@ -20,6 +20,19 @@ def proc_stat(path: str) -> tuple[int, float] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def task_cpu(task: str) -> float | None:
+    """CPU seconds (user+sys) of a thread, from its `/proc/…/task/<tid>` directory:
+    `schedstat`'s nanoseconds where the kernel has them, else `stat`'s clock ticks (10
+    ms each: a thread that ran a few ms between two readings shows 0 or 10); None when
+    it is gone."""
+    try:
+        with open(f"{task}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        stat = proc_stat(f"{task}/stat")
+        return None if stat is None else stat[1]
+
+
 def process_tree(root: int) -> list[int]:
     """`root` and every process under it."""
     children: dict[int, list[int]] = {}

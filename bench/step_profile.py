@@ -39,16 +39,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench.procs import proc_stat
+from bench.procs import task_cpu
 from bench.workflow_throughput import SERIAL, _ok, write_deployment
 
 
 def thread_cpu() -> dict[int, float]:
-    """CPU seconds (user+sys) of each thread of this process, by native id."""
+    """CPU seconds (user+sys) of each thread of this process, by native id (ns-precise
+    where the kernel has `schedstat`: `bench.procs.task_cpu`)."""
     out: dict[int, float] = {}
     for tid in os.listdir("/proc/self/task"):
-        if (stat := proc_stat(f"/proc/self/task/{tid}/stat")) is not None:
-            out[int(tid)] = stat[1]
+        if (cpu := task_cpu(f"/proc/self/task/{tid}")) is not None:
+            out[int(tid)] = cpu
     return out
 
 
