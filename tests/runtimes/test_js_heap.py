@@ -98,6 +98,48 @@ def test_runs_from_the_module_image_match_runs_that_load_the_module(
 
 
 @pytest.mark.parametrize(
+    "body",
+    [
+        "return step(n, 0);",  # a host call
+        'throw new Error("boom " + n);',
+        "await null; return n + 1;",  # settles once the pending jobs ran
+        'await null; throw new TypeError("bad");',  # a rejected promise
+        "await new Promise(() => {}); return 1;",  # never settles
+        "while (true) {}",  # interrupted (spin_timeout)
+    ],
+)
+def test_runs_without_an_event_loop_end_as_runs_on_one(
+    monkeypatch: pytest.MonkeyPatch, body: str
+) -> None:
+    """A run restored with its module (the image) invokes the function without an event
+    loop (`quickjs_fast.eval_script_sync`); a run that loads the module goes through
+    quickjs-rs's `eval_async`. Both end alike, whatever the function does."""
+    source = (
+        'import { step } from "myapp:demo/activity";\n'
+        f"export default async function wf(n) {{ {body} }}"
+    )
+    synchronous: list[bool] = []
+    original = js_runtime.eval_script_sync
+
+    def spy(*args: Any) -> Any:
+        synchronous.append(True)
+        return original(*args)
+
+    monkeypatch.setattr(js_runtime, "eval_script_sync", spy)
+
+    def outcome() -> Any:
+        host = FakeHost(dict(FUNCTIONS), execution_id="E_A")
+        runner = JsWorkflowRunner(source, "wf.js")
+        runner.check(host.interfaces())
+        return runner.run(host, [3], spin_timeout=0.2)
+
+    with_image = outcome()
+    assert synchronous == [True]
+    monkeypatch.setattr(js_runtime, "USE_MODULE_IMAGE", False)
+    assert outcome() == with_image and synchronous == [True]
+
+
+@pytest.mark.parametrize(
     "top_level",
     [
         "const r = Math.random();",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -504,3 +505,61 @@ def install_lean_host_imports() -> bool:
     build_shared_linker.lean_host_imports = True  # type: ignore[attr-defined]
     qjs_engine._build_shared_linker = build_shared_linker  # type: ignore[attr-defined]
     return True
+
+
+def eval_script_sync(ctx: Any, code: str, filename: str) -> Any:
+    """`await ctx.eval_async(code, filename=filename)` without an event loop, for a
+    context whose host functions are all synchronous (a JS workflow's): the script's
+    promise settles once the pending jobs have run, or never (`DeadlockError`).
+
+    quickjs-rs drives every `eval_async` from asyncio (a task group, futures, the
+    loop's own turns: ~40 Python calls of event-loop machinery and a dozen guest calls
+    per run, a seventh of a short workflow's CPU); this does what its driver does when
+    no async host call is in flight, with the same errors (JS exceptions classified,
+    interrupts, memory, the deadline). Pinned to quickjs-rs 0.2.6's `Context`
+    (`_eval_for_async`, `_raise_from_reason_handle`, `_runtime._deadline`)."""
+    from quickjs_rs import ConcurrentEvalError, DeadlockError, QuickJSError
+    from quickjs_rs.handle import Handle
+
+    if ctx._closed:
+        raise QuickJSError("context is closed")
+    if ctx._eval_async_in_flight:
+        raise ConcurrentEvalError("another eval is already in flight on this context")
+    ctx._last_host_exception = None
+    deadline = time.monotonic() + ctx._timeout
+    ctx._eval_async_in_flight = True
+    ctx._runtime._deadline = deadline
+    engine_ctx = ctx._engine_ctx
+    try:
+        handle = ctx._eval_for_async(code, False, False, filename, deadline, None)
+        try:
+            if not handle._require_live().is_promise():
+                settled, handle = handle, None
+            else:
+                engine_ctx.run_pending_jobs()
+                state = engine_ctx.promise_state(handle._require_live())
+                if state == 0:
+                    raise DeadlockError(
+                        "the script's promise is pending and no host call is in flight"
+                    )
+                result = Handle(ctx, engine_ctx.promise_result(handle._require_live()))
+                if state != 1:  # rejected
+                    try:
+                        ctx._raise_from_reason_handle(result, deadline)
+                    finally:
+                        result.dispose()
+                settled = result
+        finally:
+            if handle is not None:
+                handle.dispose()
+    finally:
+        ctx._runtime._deadline = None
+        ctx._eval_async_in_flight = False
+    try:  # a script's completion value comes as {value, done}
+        value = settled.get("value")
+        try:
+            return value.to_python()
+        finally:
+            value.dispose()
+    finally:
+        settled.dispose()

@@ -176,7 +176,7 @@ from engine.runtimes.js.common import (
     warm_up,
 )
 from engine.runtimes.js.heap import HeapImage, SandboxImages
-from engine.runtimes.js.quickjs_fast import fast_guest_calls, map_host_function
+from engine.runtimes.js.quickjs_fast import eval_script_sync, fast_guest_calls, map_host_function
 from engine.runtimes.js.sandbox_pool import PooledSandbox, SandboxPool, retire_context
 from engine.runtimes.js.workflow_bridge import ABORT_REPLY, HostBridge, wide_ints_as_bigints
 from engine.runtimes.js.workflow_load_errors import JsWorkflowLoadError, load_error
@@ -310,6 +310,16 @@ class ImportsKey:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ImportsKey) and self.items == other.items
+
+
+#: The file name of the script that calls the workflow's function.
+INVOKE = "<obelisk:invoke>"
+
+
+def _invoke_result(result: Any) -> str:
+    if not isinstance(result, str):
+        raise QuickJSError(f"unexpected invoke result {result!r}")
+    return result
 
 
 class _Run(HostBridge):
@@ -529,6 +539,17 @@ class _Run(HostBridge):
         await self.ctx.eval_async(f"import {json.dumps(LOAD_MODULE)};", module=True)
 
     async def invoke(self, export: str, params_js: str) -> str:
+        code = self._invoke_code(export, params_js)
+        self.guest_since = time.monotonic()
+        return _invoke_result(await self.ctx.eval_async(code, filename=INVOKE))
+
+    def invoke_sync(self, export: str, params_js: str) -> str:
+        """`invoke` without an event loop (`quickjs_fast.eval_script_sync`)."""
+        code = self._invoke_code(export, params_js)
+        self.guest_since = time.monotonic()
+        return _invoke_result(eval_script_sync(self.ctx, code, INVOKE))
+
+    def _invoke_code(self, export: str, params_js: str) -> str:
         code = (
             f"await __obelisk_invoke(__obelisk_module, {json.dumps(export)}, "
             f"{json.dumps(params_js)})"
@@ -536,11 +557,7 @@ class _Run(HostBridge):
         if not self.initialized:
             code = self._init_js() + code
             self.initialized = True
-        self.guest_since = time.monotonic()
-        result = await self.ctx.eval_async(code, filename="<obelisk:invoke>")
-        if not isinstance(result, str):
-            raise QuickJSError(f"unexpected invoke result {result!r}")
-        return result
+        return code
 
     def export_kind(self, export: str) -> tuple[str, list[str]]:
         kind, names = self.ctx.eval(
@@ -711,7 +728,7 @@ class JsWorkflowRunner:
         with self._lock:
             self._active.add(run)
         try:
-            outcome = run_coroutine(lambda: self._run_async(run, params_js))
+            outcome = self._run_body(run, params_js)
         finally:
             with self._lock:
                 self._active.discard(run)
@@ -796,38 +813,56 @@ class JsWorkflowRunner:
         finally:
             template.close()
 
-    async def _run_async(self, run: _Run, params_js: str) -> WorkflowOutcome:
+    def _run_body(self, run: _Run, params_js: str) -> WorkflowOutcome:
+        """Open the sandbox and run the function. A sandbox restored with the module
+        loaded (its image) runs without an event loop (`eval_script_sync`: the
+        workflow's host calls are synchronous); one that must load the module first
+        goes through quickjs-rs's `eval_async` on this thread's loop."""
         try:
             run.open()
         except Exception as e:
             return WfTrap(f"cannot create the JS sandbox: {e}", traceback.format_exc())
+        if not run.module_loaded:
+            return run_coroutine(lambda: self._run_async(run, params_js))
+        try:
+            text = run.invoke_sync(self.export, params_js)
+            run.clean_end = True
+        except Exception as e:
+            return self._guest_error(run, "running the function", e)
+        return self._outcome_from_record(text)
+
+    async def _run_async(self, run: _Run, params_js: str) -> WorkflowOutcome:
         stage = "loading the module"
         try:
             await run.load_module()
             stage = "running the function"
             text = await run.invoke(self.export, params_js)
             run.clean_end = True
-        except InterruptError:
+        except Exception as e:
+            return self._guest_error(run, stage, e)
+        return self._outcome_from_record(text)
+
+    def _guest_error(self, run: _Run, stage: str, e: Exception) -> WfTrap:
+        """What a run that raised `e` while `stage` ends with."""
+        if isinstance(e, InterruptError):
             return WfTrap("interrupted")  # replaced by run() according to the stop flags
-        except MemoryLimitError:
+        if isinstance(e, MemoryLimitError):
             return WfTrap("out of memory")
-        except DeadlockError:
+        if isinstance(e, DeadlockError):
             return WfTrap(
                 f"{stage}: awaited a promise that never settles (host calls are synchronous; "
                 "there are no timers)"
             )
-        except JSError as e:
+        if isinstance(e, JSError):
             if stage == "loading the module":
                 return WfTrap(str(self._load_error(run, e)), e.stack or "")
             return WfTrap(f"{stage}: {e.name}: {e.message}", e.stack or "")
-        except wasmtime.Trap as e:
+        if isinstance(e, wasmtime.Trap):
             reason = trap_reason(e)
             return WfTrap(reason, "" if reason == "stack overflow" else str(e))
-        except QuickJSError as e:
+        if isinstance(e, QuickJSError):
             return WfTrap(f"{stage}: {type(e).__name__}: {e}", traceback.format_exc())
-        except Exception as e:
-            return WfTrap(f"{stage}: internal error: {e!r}", traceback.format_exc())
-        return self._outcome_from_record(text)
+        return WfTrap(f"{stage}: internal error: {e!r}", traceback.format_exc())
 
     def _user_stack(self, stack: str) -> str:
         """Keep the frames of the workflow's own file (the rest is the runtime's)."""
