@@ -72,7 +72,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.procs import cpu_seconds
+from bench.procs import cpu_seconds, task_cpu
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -507,23 +507,21 @@ def thread_cpu() -> dict[str, float]:
 
     names = {t.native_id: t.name for t in threading.enumerate()}
     main = threading.main_thread().native_id
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for task in Path("/proc/self/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
+        cpu = task_cpu(str(task))
+        if cpu is None:
             continue
         tid = int(task.name)
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        cpu = (int(fields[11]) + int(fields[12])) / tick
         if tid == main:
             name = "main (event loop: Textual + asyncio)"
         elif tid in names:
             name = re.sub(r"[_-]?\d+( \(.*\))?$", "", names[tid]) or names[tid]
         else:
-            name = f"native:{comm}"
+            try:
+                name = f"native:{(task / 'comm').read_text().strip()}"
+            except OSError:
+                continue
         out[name] = out.get(name, 0.0) + cpu
     return out
 

@@ -11,9 +11,11 @@ host call (`engine.runtimes.js.workflow`).
 run guest code — through `ctypes.PyDLL` (same library handle, same signatures), in
 wasmtime-py's `_bindings` module, for every user of wasmtime-py. `quick(name)` gives a
 GIL-keeping binding of any function without installing it, for callers that know a call
-is short (`wasmtime_func_call` of the QuickJS guest's bridge exports). Calls that may run
-long guest code (instantiate, calling user code) must keep releasing the GIL: a long
-guest must not stop the other threads, and the epoch ticker needs the GIL to interrupt it.
+is short (`wasmtime_func_call` of the QuickJS guest's bridge exports);
+`memmove_keeping_gil`, `memset_keeping_gil` and `zero_memory` write into a guest's
+memory the same way. Calls that may run long guest code (instantiate, calling user
+code) must keep releasing the GIL: a long guest must not stop the other threads, and the
+epoch ticker needs the GIL to interrupt it.
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def _madvise() -> Any | None:
         return None  # elsewhere MADV_DONTNEED need not leave zeros behind
     try:
         fn = ctypes.PyDLL(None).madvise  # the process's libc, called keeping the GIL
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
+    except (AttributeError, OSError):  # pragma: no cover - a libc without madvise
         return None
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]

@@ -42,6 +42,7 @@ from engine.runtimes.wasm.activity import (  # noqa: E402
 from engine.runtimes.wasm.plumbing import SlotTokens  # noqa: E402
 from engine.wit.types import STRING, U32, U64, FunctionSignature, WitResult  # noqa: E402
 from tests.fixtures import components as fx  # noqa: E402
+from tests.reliability.conftest import wait_until  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -182,13 +183,6 @@ def test_a_spinning_guest_is_checked_about_25_times_a_second(
     assert 3 <= len(checks) <= 30, len(checks)
 
 
-def _until(condition: Any, what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.002)
-
-
 def test_the_epoch_ticker_parks_without_stores_and_wakes_for_the_next() -> None:
     """An idle engine's ticker stops waking the process; a guest started afterwards is
     still stopped at its deadline (only ticks can stop it)."""
@@ -196,15 +190,15 @@ def test_the_epoch_ticker_parks_without_stores_and_wakes_for_the_next() -> None:
     component = engine.load_component(fx.activity_component())
     runner = WasmActivityRunner(component, inspect_exports(component))
     assert run(runner, "echo", ["x"]) == RunOk("x")
-    _until(lambda: not engine.ticking, "the ticker should park once no store is alive")
+    wait_until(lambda: not engine.ticking, 5, "the ticker to park once no store is alive")
     start = time.monotonic()
     assert run(runner, "spin", [], timeout=0.15) == RunTimedOut()
     assert 0.14 <= time.monotonic() - start < 0.5
     # A store kept alive (a WASM workflow's, between host calls) keeps it ticking.
     store, _ = engine.new_store(lambda: None)
-    _until(lambda: engine.ticking, "a new store wakes the ticker")
+    wait_until(lambda: engine.ticking, 5, "a new store to wake the ticker")
     del store
-    _until(lambda: not engine.ticking, "the ticker should park once the store is gone")
+    wait_until(lambda: not engine.ticking, 5, "the ticker to park once the store is gone")
 
 
 def test_cancel_already_set(runner: WasmActivityRunner) -> None:

@@ -25,6 +25,8 @@ from typing import Any
 
 import wasmtime
 import wasmtime._func as wasmtime_func  # noqa: PLC2701 (wasmtime internals, version pinned)
+from quickjs_rs import ConcurrentEvalError, DeadlockError, QuickJSError
+from quickjs_rs.handle import Handle
 from wasmtime import _ffi as wasmtime_ffi  # noqa: PLC2701 (wasmtime internals, version pinned)
 from wasmtime._extern import wrap_extern  # noqa: PLC2701 (wasmtime internals, version pinned)
 
@@ -518,9 +520,6 @@ def eval_script_sync(ctx: Any, code: str, filename: str) -> Any:
     no async host call is in flight, with the same errors (JS exceptions classified,
     interrupts, memory, the deadline). Pinned to quickjs-rs 0.2.6's `Context`
     (`_eval_for_async`, `_raise_from_reason_handle`, `_runtime._deadline`)."""
-    from quickjs_rs import ConcurrentEvalError, DeadlockError, QuickJSError
-    from quickjs_rs.handle import Handle
-
     if ctx._closed:
         raise QuickJSError("context is closed")
     if ctx._eval_async_in_flight:
